@@ -1,0 +1,115 @@
+"""One exception family for bad input, and the checks that raise it.
+
+Every public function of specref validates what it is handed and raises
+:class:`SpecrefError` (a ``ValueError``) with a message that names the argument
+and the offending value -- never a silent fallback, never a crash deep inside
+NumPy.  The checks here are shared by the sampling rules, the step and the loops.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+__all__ = [
+    "SpecrefError",
+    "FLOAT_ROW_TOL",
+    "check_prob_rows",
+    "check_tokens",
+    "check_positive_int",
+    "is_exact",
+]
+
+FLOAT_ROW_TOL = 1e-9  # a float probability row must sum to 1 within this
+
+
+class SpecrefError(ValueError):
+    """Bad input to a specref function; the message names the argument and value."""
+
+
+def _show(value, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_exact(rows) -> bool:
+    """True for NumPy object arrays (of ``Fraction``): arithmetic on them is exact."""
+    return getattr(rows, "dtype", None) == np.dtype(object)
+
+
+def check_positive_int(name: str, value, minimum: int = 1) -> int:
+    """An int >= ``minimum`` (bools refused), else SpecrefError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise SpecrefError(f"{name} must be an integer >= {minimum}, got {_show(value)}")
+    return int(value)
+
+
+def check_prob_rows(name: str, rows, *, shape: tuple | None = None):
+    """Validate probability rows (``[..., V]``): finite, non-negative, each summing to 1.
+
+    Float rows must sum to 1 within ``FLOAT_ROW_TOL``; object rows (``Fraction``)
+    must hold only rationals and sum to exactly 1.  ``shape`` entries that are not
+    None must match.  Returns the rows unchanged.
+    """
+    ndim = getattr(rows, "ndim", None)
+    if ndim is None or not hasattr(rows, "shape"):
+        raise SpecrefError(f"{name} must be an array of probabilities, got {type(rows).__name__}")
+    if shape is not None:
+        if ndim != len(shape) or any(
+            want is not None and got != want for got, want in zip(rows.shape, shape)
+        ):
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise SpecrefError(f"{name} must have shape {want}, got {tuple(rows.shape)}")
+    if ndim == 0 or rows.shape[-1] == 0:
+        raise SpecrefError(f"{name} must have a non-empty last (vocabulary) axis, got shape {tuple(rows.shape)}")
+    if is_exact(rows):
+        flat = rows.reshape(-1, rows.shape[-1])
+        for i, row in enumerate(flat):
+            for j, v in enumerate(row):
+                if not isinstance(v, (Fraction, int)) or isinstance(v, bool):
+                    raise SpecrefError(f"{name}[{i}][{j}] must be a Fraction, got {_show(v)}")
+                if v < 0:
+                    raise SpecrefError(f"{name}[{i}][{j}] is negative: {v}")
+            total = sum(row, Fraction(0))
+            if total != 1:
+                raise SpecrefError(f"{name} row {i} sums to {total}, not exactly 1")
+        return rows
+    from specref.backend import to_numpy
+
+    host = to_numpy(rows)
+    if host.dtype.kind not in "fiu":
+        raise SpecrefError(f"{name} must hold real numbers, got dtype {host.dtype}")
+    flat = host.reshape(-1, host.shape[-1]).astype(np.float64)
+    bad = ~np.isfinite(flat)
+    if bad.any():
+        i, j = map(int, np.argwhere(bad)[0])
+        raise SpecrefError(f"{name}[{i}][{j}] is not finite: {flat[i, j]}")
+    neg = flat < 0
+    if neg.any():
+        i, j = map(int, np.argwhere(neg)[0])
+        raise SpecrefError(f"{name}[{i}][{j}] is negative: {flat[i, j]}")
+    sums = flat.sum(axis=-1)
+    off = np.abs(sums - 1.0) > FLOAT_ROW_TOL
+    if off.any():
+        i = int(np.argmax(off))
+        raise SpecrefError(f"{name} row {i} sums to {sums[i]!r}, not 1 (tolerance {FLOAT_ROW_TOL})")
+    return rows
+
+
+def check_tokens(name: str, tokens, vocab_size: int, *, length: int | None = None) -> list[int]:
+    """Tokens as a list of ints in ``0..vocab_size-1`` (optionally of a given length)."""
+    try:
+        seq = list(tokens.tolist() if hasattr(tokens, "tolist") else tokens)
+    except TypeError:
+        raise SpecrefError(f"{name} must be a sequence of token ids, got {_show(tokens)}") from None
+    if length is not None and len(seq) != length:
+        raise SpecrefError(f"{name} must hold {length} tokens, got {len(seq)}: {_show(seq)}")
+    out = []
+    for i, t in enumerate(seq):
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+            raise SpecrefError(f"{name}[{i}] must be an integer token id, got {_show(t)}")
+        if not 0 <= t < vocab_size:
+            raise SpecrefError(f"{name}[{i}] = {t} is out of range for vocabulary size {vocab_size}")
+        out.append(int(t))
+    return out
