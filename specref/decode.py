@@ -1,0 +1,244 @@
+"""The decoding loops: plain target sampling and speculative decoding (SPEC §4).
+
+A **model** is either
+- a callable ``model(tokens) -> logits`` of shape ``[len(tokens), V]``: row ``i`` holds
+  the logits of the token that follows ``tokens[:i+1]`` (picoGPT style: every position,
+  because verification needs K+1 rows from one call), or
+- an object with ``probs(tokens) -> [len(tokens), V]`` probability rows, possibly a NumPy
+  object array of ``Fraction`` (an exact model; ``toy_models.ngram`` has one).  When a
+  model has ``probs``, it is used.
+
+Both loops apply the same :class:`~specref.sampling.SamplingConfig` to draft and target.
+When one side is exact and the other float, the exact rows are converted to float64.
+
+Generation ends at ``max_new_tokens`` or right after a stop token (which is emitted).
+A speculative iteration always drafts K tokens and then truncates its block at the
+first stop token or at the length limit: a prefix of a correctly distributed
+sequence is correctly distributed, so truncation keeps the output exact.
+
+Each iteration is also exposed as ``iteration(state, rng) -> (block, next_state)``
+(:func:`speculative_transition`, :func:`target_transition`) where ``state`` is the
+tuple of tokens generated so far and ``next_state`` is ``None`` once generation has
+ended: :func:`specref.exact.law_iterated` enumerates decoders one iteration at a time.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specref.errors import SpecrefError, check_positive_int, check_tokens, is_exact
+from specref.sampling import SamplingConfig, process, process_probs
+from specref.step import draw, speculative_step
+
+__all__ = [
+    "DecodeResult",
+    "next_token_probs",
+    "model_rows",
+    "sample_target",
+    "speculative_decode",
+    "speculative_block",
+    "target_transition",
+    "speculative_transition",
+]
+
+
+@dataclass
+class DecodeResult:
+    """Tokens generated (prompt excluded) and the statistics of the run."""
+
+    tokens: list[int]
+    iterations: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    accepted_per_iteration: list[int] = field(default_factory=list)  # draft tokens accepted, 0..K
+    tested_per_position: list[int] = field(default_factory=list)  # [K]: iterations that reached position i
+    accepted_per_position: list[int] = field(default_factory=list)  # [K]: ... and accepted its token
+    stopped: bool = False  # True when a stop token ended generation
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        """Empirical P(accept position i | position i reached), i = 1..K (nan if never reached)."""
+        return [a / t if t else float("nan") for a, t in zip(self.accepted_per_position, self.tested_per_position)]
+
+    @property
+    def tokens_per_iteration(self) -> float:
+        return len(self.tokens) / self.iterations if self.iterations else float("nan")
+
+
+def model_rows(model, tokens, n_rows: int, config: SamplingConfig, *, name: str = "model"):
+    """Processed next-token distributions for the last ``n_rows`` prefixes of ``tokens``.
+
+    ``[len(tokens)] -> [n_rows, V]``: row ``j`` is the distribution of the token after
+    ``tokens[:len(tokens) - n_rows + j + 1]``.  Float64, or Fraction for exact models.
+    """
+    tokens = list(tokens)
+    exact = hasattr(model, "probs")
+    rows = model.probs(tokens) if exact else model(tokens)
+    shape = getattr(rows, "shape", None)
+    if shape is None or len(shape) != 2 or shape[0] != len(tokens) or shape[1] < 1:
+        kind = "probs" if exact else "logits"
+        raise SpecrefError(
+            f"{name} must return {kind} of shape [len(tokens), V] = [{len(tokens)}, V], got {shape}"
+        )
+    last = rows[len(tokens) - n_rows :]
+    return process_probs(last, config) if exact else process(last, config)
+
+
+def next_token_probs(model, tokens, config: SamplingConfig, *, name: str = "model"):
+    """The processed distribution of the token after ``tokens``.  ``[n] -> [V]``"""
+    return model_rows(model, tokens, 1, config, name=name)[0]
+
+
+# ---------------------------------------------------------------- target sampling
+
+
+def target_transition(target, prompt, *, config, max_new_tokens, stop_tokens=()):
+    """``iteration(generated, rng) -> (block, next_state)`` for plain target sampling."""
+    prompt, stops = _check_common(target, prompt, config, max_new_tokens, stop_tokens)
+
+    def iteration(generated: tuple, rng):
+        p = next_token_probs(target, prompt + list(generated), config, name="target")
+        block = _truncate(generated, [draw(rng, p)], max_new_tokens, stops)
+        return block, _next_state(generated, block, max_new_tokens, stops)
+
+    return iteration
+
+
+def sample_target(target, prompt, *, config: SamplingConfig, max_new_tokens: int, stop_tokens=(), rng):
+    """Ground truth: repeat ``x ~ p(. | prefix)`` until a stop token or ``max_new_tokens``."""
+    iteration = target_transition(
+        target, prompt, config=config, max_new_tokens=max_new_tokens, stop_tokens=stop_tokens
+    )
+    result = DecodeResult(tokens=[])
+    state = () if max_new_tokens > 0 else None
+    while state is not None:
+        block, state = iteration(state, rng)
+        result.tokens += block
+        result.iterations += 1
+        result.target_calls += 1
+    result.stopped = bool(result.tokens) and result.tokens[-1] in set(stop_tokens)
+    return result
+
+
+# ---------------------------------------------------------------- speculative decoding
+
+
+@dataclass(frozen=True)
+class _Block:
+    emitted: list[int]  # what the step emitted, before truncation: 1..K+1 tokens
+    accepted: int  # draft tokens accepted (= len(emitted) - 1)
+
+
+def speculative_block(target, draft, tokens, *, k: int, config: SamplingConfig, rng) -> list[int]:
+    """One iteration on the prefix ``tokens``: draft K, one target call, accept/resample.
+
+    Returns the 1..K+1 emitted tokens (no stop/length truncation).
+    """
+    return _speculative_block(target, draft, list(tokens), k, config, rng).emitted
+
+
+def _speculative_block(target, draft, tokens, k, config, rng) -> _Block:
+    # 1. draft K tokens autoregressively from q
+    context = list(tokens)
+    q_rows, drafted = [], []
+    for _ in range(k):
+        q = next_token_probs(draft, context, config, name="draft")
+        x = draw(rng, q)
+        q_rows.append(q)
+        drafted.append(x)
+        context.append(x)
+    q_draft = np.stack(q_rows)  # [K, V]
+    # 2. one target call scores the K+1 prefixes tokens, tokens+x1, ..., tokens+x1..xK
+    p_target = model_rows(target, context, k + 1, config, name="target")  # [K+1, V]
+    if p_target.shape[1] != q_draft.shape[1]:
+        raise SpecrefError(
+            f"vocabulary mismatch: target gives V={p_target.shape[1]}, draft gives V={q_draft.shape[1]}"
+        )
+    if is_exact(p_target) != is_exact(q_draft):  # one exact side, one float: compare in float64
+        p_target, q_draft = p_target.astype(np.float64), q_draft.astype(np.float64)
+    # 3.-4. accept until the first rejection; then residual or bonus (specref.step)
+    emitted = speculative_step(p_target, q_draft, drafted, rng, check=False)
+    return _Block(emitted=emitted, accepted=len(emitted) - 1)
+
+
+def speculative_transition(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens=()):
+    """``iteration(generated, rng) -> (block, next_state)`` for speculative decoding."""
+    return _transition(target, draft, prompt, k, config, max_new_tokens, stop_tokens, stats=None)
+
+
+def _transition(target, draft, prompt, k, config, max_new_tokens, stop_tokens, stats):
+    prompt, stops = _check_common(target, prompt, config, max_new_tokens, stop_tokens)
+    k = check_positive_int("k", k)
+
+    def iteration(generated: tuple, rng):
+        b = _speculative_block(target, draft, prompt + list(generated), k, config, rng)
+        if stats is not None:
+            _record(stats, b, k)
+        block = _truncate(generated, b.emitted, max_new_tokens, stops)
+        return block, _next_state(generated, block, max_new_tokens, stops)
+
+    return iteration
+
+
+def speculative_decode(
+    target, draft, prompt, *, k: int, config: SamplingConfig, max_new_tokens: int, stop_tokens=(), rng
+) -> DecodeResult:
+    """Speculative decoding: repeat {draft K; one target call; accept until the first rejection}."""
+    k = check_positive_int("k", k)
+    result = DecodeResult(tokens=[], tested_per_position=[0] * k, accepted_per_position=[0] * k)
+    iteration = _transition(target, draft, prompt, k, config, max_new_tokens, stop_tokens, stats=result)
+    state = () if max_new_tokens > 0 else None
+    while state is not None:
+        block, state = iteration(state, rng)
+        result.tokens += block
+    result.stopped = bool(result.tokens) and result.tokens[-1] in set(stop_tokens)
+    return result
+
+
+def _record(result: DecodeResult, b: _Block, k: int) -> None:
+    result.iterations += 1
+    result.target_calls += 1
+    result.draft_calls += k
+    result.accepted_per_iteration.append(b.accepted)
+    for i in range(min(b.accepted + 1, k)):  # positions 1..accepted+1 were tested
+        result.tested_per_position[i] += 1
+        result.accepted_per_position[i] += i < b.accepted
+
+
+# ---------------------------------------------------------------- shared pieces
+
+
+def _truncate(generated: tuple, emitted: list[int], max_new_tokens: int, stops: frozenset) -> tuple:
+    """The part of ``emitted`` that is kept: up to the length limit, through the first stop token."""
+    room = max_new_tokens - len(generated)
+    kept = []
+    for x in emitted[:room]:
+        kept.append(x)
+        if x in stops:
+            break
+    return tuple(kept)
+
+
+def _next_state(generated: tuple, block: tuple, max_new_tokens: int, stops: frozenset):
+    state = generated + block
+    if len(state) >= max_new_tokens or (block and block[-1] in stops):
+        return None
+    return state
+
+
+def _check_common(target, prompt, config, max_new_tokens, stop_tokens):
+    if not isinstance(config, SamplingConfig):
+        raise SpecrefError(f"config must be a SamplingConfig, got {config!r}")
+    check_positive_int("max_new_tokens", max_new_tokens, minimum=0)
+    prompt_list = check_tokens("prompt", prompt, sys.maxsize)
+    if not prompt_list:
+        raise SpecrefError("prompt must hold at least one token (models condition on it), got []")
+    V = getattr(target, "vocab_size", None)
+    if V is None:  # no declared vocabulary: read it off one target row
+        V = next_token_probs(target, prompt_list, SamplingConfig(), name="target").shape[-1]
+    prompt_list = check_tokens("prompt", prompt_list, V)
+    stops = frozenset(check_tokens("stop_tokens", stop_tokens, V))
+    return prompt_list, stops

@@ -1,0 +1,175 @@
+"""Sampling rules: the distribution that is actually sampled from (SPEC §2).
+
+One documented order, applied identically to the draft and the target::
+
+    logits -> divide by temperature -> top-k mask -> top-p mask -> min-p mask -> softmax
+
+``process(logits, config)`` turns logits ``[..., V]`` into float64 probabilities;
+``process_probs(probs, config)`` applies the same rules to probability rows, and is
+exact on NumPy object arrays of ``Fraction`` (n-gram models give them).  Both share
+one truncation routine, so they cannot drift apart.
+
+Rules, with their boundary cases (the tests pin every one):
+
+- ``temperature == 0`` is greedy: a one-hot on the argmax, ties to the lowest id.
+  The other rules are then moot: each of them keeps the most probable token.
+- temperature ``T > 0``: ``softmax(logits / T)``, i.e. ``p ** (1/T)`` renormalised.
+  In exact mode ``1/T`` must be an integer so that the power stays rational.
+- top-k keeps every token whose probability is >= the k-th largest, so ties at the
+  boundary are all kept (the kept set can exceed k; it never depends on token order).
+- top-p sorts by probability (after top-k, renormalised) and keeps the smallest
+  prefix whose mass reaches ``top_p``: the token that crosses ``top_p`` is kept, and
+  so is every token tied with it.
+- min-p keeps tokens with probability >= ``min_p`` x the largest probability.
+- Every rule keeps the most probable token, so a valid row never loses all tokens.
+  NaN or +inf logits, or a row with no finite logit, are errors, never a silent
+  uniform distribution.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from numbers import Real
+
+import numpy as np
+
+from specref.backend import namespace, to_numpy
+from specref.errors import SpecrefError, check_prob_rows, is_exact
+
+__all__ = ["SamplingConfig", "process", "process_probs", "GREEDY"]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling settings shared by draft and target (SPEC §2)."""
+
+    temperature: float = 1.0  # T > 0 divides the logits; 0 means greedy (argmax, lowest id on ties)
+    top_k: int | None = None  # keep the k most probable tokens (ties kept); None: off
+    top_p: float = 1.0  # nucleus: smallest prefix reaching this mass; 1.0: off
+    min_p: float = 0.0  # keep p >= min_p * max(p); 0.0: off
+
+    def __post_init__(self):
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, Real) or not math.isfinite(t) or t < 0:
+            raise SpecrefError(f"temperature must be a finite number >= 0, got {t!r}")
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
+            raise SpecrefError(f"top_k must be None or an integer >= 1, got {k!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, Real) or not (0 < p <= 1):
+            raise SpecrefError(f"top_p must be in (0, 1], got {p!r}")
+        m = self.min_p
+        if isinstance(m, bool) or not isinstance(m, Real) or not (0 <= m < 1):
+            raise SpecrefError(f"min_p must be in [0, 1), got {m!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = SamplingConfig(temperature=0)
+
+
+def process(logits, config: SamplingConfig):
+    """Logits ``[..., V]`` -> probabilities ``[..., V]`` (float64) under ``config``.
+
+    Runs on the array library of ``logits`` (NumPy, CuPy, array_api_strict).
+    """
+    _check_config(config)
+    xp = namespace(logits)
+    if not hasattr(logits, "shape") or logits.ndim == 0 or logits.shape[-1] == 0:
+        raise SpecrefError(f"logits must have shape [..., V] with V >= 1, got {getattr(logits, 'shape', logits)!r}")
+    shape = logits.shape
+    z = xp.reshape(xp.astype(logits, xp.float64), (-1, shape[-1]))  # [n, V]
+    _check_logits(z, xp)
+    if config.greedy:
+        return xp.reshape(_one_hot_argmax(z, xp), shape)
+    # subtract the row max before dividing by T and exponentiating: never overflows
+    d = (z - xp.max(z, axis=-1, keepdims=True)) / float(config.temperature)
+    w = xp.exp(d)
+    w = w / xp.sum(w, axis=-1, keepdims=True)
+    return xp.reshape(_truncate(w, config, xp), shape)
+
+
+def process_probs(probs, config: SamplingConfig):
+    """Probability rows ``[..., V]`` -> the processed rows, same rules as :func:`process`.
+
+    On object arrays of ``Fraction`` every operation is exact; the temperature is
+    then applied as ``p ** (1/T)`` and must have ``1/T`` integral (T = 1, 1/2, ...).
+    """
+    _check_config(config)
+    check_prob_rows("probs", probs)
+    shape = probs.shape
+    if is_exact(probs):
+        w = probs.reshape(-1, shape[-1])
+        if config.greedy:
+            out = np.full(w.shape, Fraction(0), dtype=object)
+            for i, row in enumerate(w):
+                out[i, max(range(len(row)), key=lambda j: (row[j], -j))] = Fraction(1)
+            return out.reshape(shape)
+        power = 1 / Fraction(config.temperature)
+        if power.denominator != 1:
+            raise SpecrefError(
+                f"temperature={config.temperature!r} is not exact on Fraction probabilities: "
+                "1/temperature must be an integer (use float rows for other temperatures)"
+            )
+        if power != 1:
+            w = w ** int(power)
+            w = w / w.sum(axis=-1, keepdims=True)
+        return _truncate(w, config, namespace(w)).reshape(shape)
+    xp = namespace(probs)
+    w = xp.reshape(xp.astype(probs, xp.float64), (-1, shape[-1]))
+    if config.greedy:
+        return xp.reshape(_one_hot_argmax(w, xp), shape)
+    if config.temperature != 1:
+        w = w ** (1.0 / float(config.temperature))
+        w = w / xp.sum(w, axis=-1, keepdims=True)
+    return xp.reshape(_truncate(w, config, xp), shape)
+
+
+def _check_config(config):
+    if not isinstance(config, SamplingConfig):
+        raise SpecrefError(f"config must be a SamplingConfig, got {config!r}")
+
+
+def _check_logits(z, xp):
+    """No NaN, no +inf, at least one finite logit per row."""
+    host = to_numpy(z)
+    if np.isnan(host).any():
+        i, j = map(int, np.argwhere(np.isnan(host))[0])
+        raise SpecrefError(f"logits contain NaN (row {i}, token {j})")
+    if np.isposinf(host).any():
+        i, j = map(int, np.argwhere(np.isposinf(host))[0])
+        raise SpecrefError(f"logits contain +inf (row {i}, token {j}); no distribution is defined")
+    empty = ~np.isfinite(host).any(axis=-1)
+    if empty.any():
+        raise SpecrefError(f"logits row {int(np.argmax(empty))} is all -inf: no token can be sampled")
+
+
+def _one_hot_argmax(w, xp):  # [n, V] -> [n, V] one-hot, ties to the lowest id
+    idx = xp.argmax(w, axis=-1)  # the array API returns the first occurrence
+    return xp.astype(xp.arange(w.shape[-1])[None, :] == idx[:, None], xp.float64)
+
+
+def _truncate(w, config, xp):
+    """Apply top-k, top-p, min-p (in that order) to rows ``w`` [n, V] that sum to 1."""
+    V = w.shape[-1]
+    if config.top_k is not None and config.top_k < V:
+        kth = xp.sort(w, axis=-1, descending=True)[:, config.top_k - 1 : config.top_k]
+        w = xp.where(w >= kth, w, 0 * w)
+        w = w / xp.sum(w, axis=-1, keepdims=True)
+    if config.top_p < 1:
+        s = xp.sort(w, axis=-1, descending=True)
+        # mass strictly before each sorted token; a token is kept while that is < top_p,
+        # which keeps the token that crosses top_p
+        before = xp.concat([0 * s[:, :1], xp.cumulative_sum(s, axis=-1)[:, :-1]], axis=-1)
+        threshold = xp.min(xp.where(before < config.top_p, s, 0 * s + 2), axis=-1, keepdims=True)
+        w = xp.where(w >= threshold, w, 0 * w)
+        w = w / xp.sum(w, axis=-1, keepdims=True)
+    if config.min_p > 0:
+        floor = config.min_p * xp.max(w, axis=-1, keepdims=True)
+        w = xp.where(w >= floor, w, 0 * w)
+        w = w / xp.sum(w, axis=-1, keepdims=True)
+    return w

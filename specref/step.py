@@ -1,0 +1,179 @@
+"""One speculative step (SPEC §3; Leviathan et al. 2022, Algorithm 1; Chen et al. 2023).
+
+Leviathan et al. notation: ``p`` is the **target**, ``q`` the **draft**.  (Chen et
+al. use the letters the other way round; the names ``p_target``/``q_draft`` below
+cannot be swapped by accident.)
+
+Indexing: the paper counts draft positions 1..K; the arrays here count 0..K-1, so
+row ``i`` of ``q_draft`` is the draft distribution ``x_{i+1}`` was drawn from, row
+``i`` of ``p_target`` is the target distribution for the same prefix, and row ``K``
+of ``p_target`` is the bonus row (the prefix with all K draft tokens).
+
+Why it is exact, at one position: the accepted mass is ``q(x) min(1, p(x)/q(x)) =
+min(p(x), q(x))``; rejection has mass ``1 - sum min(p, q) = sum max(0, p - q)``; the
+residual gives each token back exactly its missing ``max(0, p(x) - q(x))``.
+
+Works on float64 rows (any array backend; the rows are moved to the host once,
+since the step's work is K scalar comparisons and one draw) and on NumPy object
+arrays of ``Fraction``, where every quantity is exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specref.backend import to_numpy
+from specref.errors import SpecrefError, check_prob_rows, check_tokens, is_exact
+
+__all__ = [
+    "speculative_step",
+    "accepted_mass",
+    "acceptance_rate",
+    "residual_mass",
+    "residual",
+    "RESIDUAL_TOL",
+    "draw",
+]
+
+RESIDUAL_TOL = 1e-12
+"""A float residual with mass <= this is rounding noise: the correction then draws
+from ``p`` itself.  A rejection is only possible there through rounding (its
+probability equals the residual mass), so either choice moves the law by at most
+~1e-12, and dividing by ~0 is never done.  With ``Fraction`` rows the residual mass
+is exactly 0 whenever rejection is impossible, and this tolerance is not used."""
+
+
+def accepted_mass(p, q):
+    """``min(p, q)`` per token: the mass that the accept test lets through.  ``[V] -> [V]``"""
+    p, q = _pair(p, q)
+    return np.minimum(p, q)
+
+
+def acceptance_rate(p, q):
+    """``alpha = sum_x min(p(x), q(x)) = 1 - TV(p, q)``: probability one draft token is accepted."""
+    return accepted_mass(p, q).sum()
+
+
+def residual_mass(p, q):
+    """``sum_x max(0, p(x) - q(x))``: the rejection probability, ``1 - alpha``."""
+    p, q = _pair(p, q)
+    return np.maximum(p - q, 0 * p).sum()
+
+
+def residual(p, q):
+    """The normalised residual ``max(0, p - q) / sum max(0, p - q)``.  ``[V] -> [V]``
+
+    Raises ``SpecrefError`` when the residual mass is 0 (exact) or <= ``RESIDUAL_TOL``
+    (float): then ``p`` and ``q`` agree, rejection cannot happen, and the residual is
+    undefined (0/0).
+    """
+    p, q = _pair(p, q)
+    return _residual_or_none(p, q, _exact=is_exact(p))
+
+
+def speculative_step(p_target, q_draft, draft_tokens, rng, *, check: bool = True) -> list[int]:
+    """Accept draft tokens until the first rejection; then a residual or a bonus token.
+
+    p_target:     ``[K+1, V]`` target distributions for the K+1 prefixes (one target call).
+    q_draft:      ``[K, V]`` draft distributions that ``draft_tokens`` were drawn from.
+    draft_tokens: ``[K]`` ints; ``draft_tokens[i] ~ q_draft[i]``.
+    rng:          anything with ``random()`` (a uniform in [0, 1), only compared with
+                  thresholds) and ``choice(n, p=probs)``: a ``numpy.random.Generator``,
+                  or the exact enumerator's generator.
+    Returns the emitted tokens, 1 to K+1 of them.
+
+    Edge cases:
+    - ``q(x_i) = 0``: the draft cannot have proposed ``x_i``; SpecrefError.
+    - ``p(x_i) = 0``: the ratio is 0, so ``x_i`` is always rejected.
+    - ``p = q``: every ratio is 1, every token accepted; the residual (0/0) is never evaluated.
+    - residual mass positive only through rounding (float, <= RESIDUAL_TOL): the
+      correction draws from ``p_i`` instead of dividing by ~0.
+    - rejection at position 1 emits one token; all K accepted emit K+1 (the bonus
+      from ``p_target[K]``); K = 1 is the same algorithm with one draft token.
+    Set ``check=False`` only when the rows come from :mod:`specref.sampling` already.
+    """
+    if check:
+        p_target, q_draft, draft_tokens = _check_step(p_target, q_draft, draft_tokens)
+    else:
+        p_target, q_draft = to_numpy(p_target), to_numpy(q_draft)
+    exact = is_exact(p_target)
+    K, V = q_draft.shape
+    emitted: list[int] = []
+    # 3. accept x_1..x_K in order, until the first rejection
+    for i in range(K):  # 0-based: paper position i + 1
+        x = int(draft_tokens[i])
+        u = rng.random()
+        if u < p_target[i, x] / q_draft[i, x]:  # P(accept) = min(1, p(x)/q(x))
+            emitted.append(x)
+            continue
+        # 4a. rejected: draw the correction from the residual; later draft tokens are discarded
+        r = _residual_or_none(p_target[i], q_draft[i], _exact=exact)
+        emitted.append(draw(rng, p_target[i] if r is None else r))
+        return emitted
+    # 4b. all K accepted: the bonus token comes from the (K+1)-th target row
+    emitted.append(draw(rng, p_target[K]))
+    return emitted
+
+
+def draw(rng, probs) -> int:
+    """One token ``~ probs`` through ``rng.choice(V, p=probs)``.
+
+    A ``numpy.random.Generator`` only takes float weights, so exact rows are handed
+    to it as float64; any other generator (the exact enumerator's) gets the
+    ``Fraction`` row itself, which keeps its law exact.
+    """
+    if isinstance(rng, np.random.Generator) and is_exact(probs):
+        probs = probs.astype(np.float64)
+    return int(rng.choice(probs.shape[0], p=probs))
+
+
+def _residual_or_none(p, q, *, _exact: bool):
+    """Normalised residual, or None when its mass is 0 / rounding noise."""
+    diff = np.maximum(p - q, 0 * p)
+    mass = diff.sum()
+    if mass == 0 or (not _exact and mass <= RESIDUAL_TOL):
+        return None
+    return diff / mass
+
+
+def _pair(p, q):
+    p, q = to_numpy(p), to_numpy(q)
+    for name, row in (("p", p), ("q", q)):
+        check_prob_rows(name, row)
+        if row.ndim != 1:
+            raise SpecrefError(f"{name} must be one distribution of shape [V], got shape {row.shape}")
+    if p.shape != q.shape:
+        raise SpecrefError(f"p and q must have the same vocabulary size, got {p.shape[0]} and {q.shape[0]}")
+    if is_exact(p) != is_exact(q):
+        raise SpecrefError("p and q must both be Fraction (object) rows or both float rows")
+    return p, q
+
+
+def _check_step(p_target, q_draft, draft_tokens):
+    q_draft = to_numpy(q_draft)
+    p_target = to_numpy(p_target)
+    if getattr(q_draft, "ndim", None) != 2 or q_draft.shape[0] < 1:
+        raise SpecrefError(
+            f"q_draft must have shape [K, V] with K >= 1, got {getattr(q_draft, 'shape', type(q_draft).__name__)}"
+        )
+    K, V = q_draft.shape
+    if getattr(p_target, "ndim", None) != 2:
+        raise SpecrefError(f"p_target must have shape [K+1, V] = [{K + 1}, {V}], got {getattr(p_target, 'shape', None)}")
+    if p_target.shape[1] != V:
+        raise SpecrefError(f"vocabulary mismatch: p_target has V={p_target.shape[1]}, q_draft has V={V}")
+    if p_target.shape[0] != K + 1:
+        raise SpecrefError(f"p_target must have K+1 = {K + 1} rows for K = {K} draft rows, got {p_target.shape[0]}")
+    if is_exact(p_target) != is_exact(q_draft):
+        raise SpecrefError("p_target and q_draft must both be Fraction (object) rows or both float rows")
+    check_prob_rows("p_target", p_target)
+    check_prob_rows("q_draft", q_draft)
+    tokens = check_tokens("draft_tokens", draft_tokens, V, length=K)
+    for i, x in enumerate(tokens):
+        if q_draft[i, x] == 0:
+            raise SpecrefError(
+                f"draft_tokens[{i}] = {x} has q_draft[{i}, {x}] = 0: the draft cannot have proposed it"
+            )
+    if not is_exact(p_target):
+        p_target, q_draft = p_target.astype(np.float64), q_draft.astype(np.float64)
+    return p_target, q_draft, tokens
+
