@@ -95,12 +95,13 @@ def next_token_probs(model, tokens, config: SamplingConfig, *, name: str = "mode
 # ---------------------------------------------------------------- target sampling
 
 
-def target_transition(target, prompt, *, config, max_new_tokens, stop_tokens=()):
+def target_transition(target, prompt, *, config, max_new_tokens, stop_tokens=(), memo=True):
     """``iteration(generated, rng) -> (block, next_state)`` for plain target sampling."""
     prompt, stops = _check_common(target, prompt, config, max_new_tokens, stop_tokens)
+    target_rows = _Rows(target, config, "target", memo)
 
     def iteration(generated: tuple, rng):
-        p = next_token_probs(target, prompt + list(generated), config, name="target")
+        p = target_rows.last(prompt + list(generated), 1)[0]
         block = _truncate(generated, [draw(rng, p)], max_new_tokens, stops)
         return block, _next_state(generated, block, max_new_tokens, stops)
 
@@ -110,7 +111,7 @@ def target_transition(target, prompt, *, config, max_new_tokens, stop_tokens=())
 def sample_target(target, prompt, *, config: SamplingConfig, max_new_tokens: int, stop_tokens=(), rng):
     """Ground truth: repeat ``x ~ p(. | prefix)`` until a stop token or ``max_new_tokens``."""
     iteration = target_transition(
-        target, prompt, config=config, max_new_tokens=max_new_tokens, stop_tokens=stop_tokens
+        target, prompt, config=config, max_new_tokens=max_new_tokens, stop_tokens=stop_tokens, memo=False
     )
     result = DecodeResult(tokens=[])
     state = () if max_new_tokens > 0 else None
@@ -132,27 +133,29 @@ class _Block:
     accepted: int  # draft tokens accepted (= len(emitted) - 1)
 
 
-def speculative_block(target, draft, tokens, *, k: int, config: SamplingConfig, rng) -> list[int]:
+def speculative_block(target, draft, tokens, *, k: int, config: SamplingConfig, rng, step=None) -> list[int]:
     """One iteration on the prefix ``tokens``: draft K, one target call, accept/resample.
 
     Returns the 1..K+1 emitted tokens (no stop/length truncation).
     """
-    return _speculative_block(target, draft, list(tokens), k, config, rng).emitted
+    target_rows = _Rows(target, config, "target", memo=False)
+    draft_rows = _Rows(draft, config, "draft", memo=False)
+    return _speculative_block(target_rows, draft_rows, list(tokens), check_positive_int("k", k), rng, step).emitted
 
 
-def _speculative_block(target, draft, tokens, k, config, rng) -> _Block:
+def _speculative_block(target_rows, draft_rows, tokens, k, rng, step) -> _Block:
     # 1. draft K tokens autoregressively from q
     context = list(tokens)
     q_rows, drafted = [], []
     for _ in range(k):
-        q = next_token_probs(draft, context, config, name="draft")
+        q = draft_rows.last(context, 1)[0]
         x = draw(rng, q)
         q_rows.append(q)
         drafted.append(x)
         context.append(x)
     q_draft = np.stack(q_rows)  # [K, V]
     # 2. one target call scores the K+1 prefixes tokens, tokens+x1, ..., tokens+x1..xK
-    p_target = model_rows(target, context, k + 1, config, name="target")  # [K+1, V]
+    p_target = target_rows.last(context, k + 1)  # [K+1, V]
     if p_target.shape[1] != q_draft.shape[1]:
         raise SpecrefError(
             f"vocabulary mismatch: target gives V={p_target.shape[1]}, draft gives V={q_draft.shape[1]}"
@@ -160,21 +163,56 @@ def _speculative_block(target, draft, tokens, k, config, rng) -> _Block:
     if is_exact(p_target) != is_exact(q_draft):  # one exact side, one float: compare in float64
         p_target, q_draft = p_target.astype(np.float64), q_draft.astype(np.float64)
     # 3.-4. accept until the first rejection; then residual or bonus (specref.step)
-    emitted = speculative_step(p_target, q_draft, drafted, rng, check=False)
+    if step is None:  # the reference; its rows come from specref.sampling, valid by construction
+        emitted = speculative_step(p_target, q_draft, drafted, rng, check=False)
+    else:
+        emitted = list(step(p_target, q_draft, drafted, rng))
     return _Block(emitted=emitted, accepted=len(emitted) - 1)
 
 
-def speculative_transition(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens=()):
-    """``iteration(generated, rng) -> (block, next_state)`` for speculative decoding."""
-    return _transition(target, draft, prompt, k, config, max_new_tokens, stop_tokens, stats=None)
+class _Rows:
+    """A model's processed next-token rows, optionally memoised per prefix.
+
+    The exact enumerator replays an iteration once per path of its random choices,
+    so the same prefixes come back thousands of times: ``memo=True`` computes each
+    prefix's row once (models are deterministic functions of the tokens).  Real
+    decoding uses ``memo=False``, so every target and draft call really happens.
+    """
+
+    def __init__(self, model, config, name, memo):
+        self.model, self.config, self.name = model, config, name
+        self.cache = {} if memo else None
+
+    def last(self, tokens, n_rows):  # [len(tokens)] -> [n_rows, V]
+        if self.cache is None:
+            return model_rows(self.model, tokens, n_rows, self.config, name=self.name)
+        key = (tuple(tokens), n_rows)
+        rows = self.cache.get(key)
+        if rows is None:
+            rows = self.cache[key] = model_rows(self.model, tokens, n_rows, self.config, name=self.name)
+        return rows
 
 
-def _transition(target, draft, prompt, k, config, max_new_tokens, stop_tokens, stats):
+def speculative_transition(
+    target, draft, prompt, *, k, config, max_new_tokens, stop_tokens=(), step=None, memo=True
+):
+    """``iteration(generated, rng) -> (block, next_state)`` for speculative decoding.
+
+    ``step(p_target, q_draft, draft_tokens, rng)`` replaces the reference step when
+    given (the oracle lifts an implementation under test into a decoder with it).  ``memo`` caches each
+    prefix's rows (see ``_Rows``): right for enumeration, wrong for timing.
+    """
+    return _transition(target, draft, prompt, k, config, max_new_tokens, stop_tokens, step, memo, stats=None)
+
+
+def _transition(target, draft, prompt, k, config, max_new_tokens, stop_tokens, step, memo, stats):
     prompt, stops = _check_common(target, prompt, config, max_new_tokens, stop_tokens)
     k = check_positive_int("k", k)
+    target_rows = _Rows(target, config, "target", memo)
+    draft_rows = _Rows(draft, config, "draft", memo)
 
     def iteration(generated: tuple, rng):
-        b = _speculative_block(target, draft, prompt + list(generated), k, config, rng)
+        b = _speculative_block(target_rows, draft_rows, prompt + list(generated), k, rng, step)
         if stats is not None:
             _record(stats, b, k)
         block = _truncate(generated, b.emitted, max_new_tokens, stops)
@@ -184,12 +222,27 @@ def _transition(target, draft, prompt, k, config, max_new_tokens, stop_tokens, s
 
 
 def speculative_decode(
-    target, draft, prompt, *, k: int, config: SamplingConfig, max_new_tokens: int, stop_tokens=(), rng
+    target,
+    draft,
+    prompt,
+    *,
+    k: int,
+    config: SamplingConfig,
+    max_new_tokens: int,
+    stop_tokens=(),
+    rng,
+    step=None,
 ) -> DecodeResult:
-    """Speculative decoding: repeat {draft K; one target call; accept until the first rejection}."""
+    """Speculative decoding: repeat {draft K; one target call; accept until the first rejection}.
+
+    ``step(p_target, q_draft, draft_tokens, rng)`` replaces the reference
+    :func:`specref.step.speculative_step` when given.
+    """
     k = check_positive_int("k", k)
     result = DecodeResult(tokens=[], tested_per_position=[0] * k, accepted_per_position=[0] * k)
-    iteration = _transition(target, draft, prompt, k, config, max_new_tokens, stop_tokens, stats=result)
+    iteration = _transition(
+        target, draft, prompt, k, config, max_new_tokens, stop_tokens, step, memo=False, stats=result
+    )
     state = () if max_new_tokens > 0 else None
     while state is not None:
         block, state = iteration(state, rng)

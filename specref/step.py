@@ -68,7 +68,13 @@ def residual(p, q):
     undefined (0/0).
     """
     p, q = _pair(p, q)
-    return _residual_or_none(p, q, _exact=is_exact(p))
+    r = _residual_or_none(p, q, _exact=is_exact(p))
+    if r is None:
+        raise SpecrefError(
+            f"residual undefined: its mass sum max(0, p - q) = {residual_mass(p, q)!r} is "
+            f"{'0' if is_exact(p) else f'<= RESIDUAL_TOL = {RESIDUAL_TOL}'}, so p and q agree and rejection cannot happen"
+        )
+    return r
 
 
 def speculative_step(p_target, q_draft, draft_tokens, rng, *, check: bool = True) -> list[int]:

@@ -15,6 +15,7 @@ An ``NGramModel`` is a specref model both ways (see :mod:`specref.decode`):
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from fractions import Fraction
 
@@ -56,6 +57,26 @@ class NGramModel:
                     ctx = tuple(padded[i - h : i])
                     counts.setdefault(ctx, Counter())[padded[i]] += 1
         return cls(order, vocab_size, counts, add_k)
+
+    @classmethod
+    def random(cls, *, order: int, vocab_size: int, seed: int, zero_frac: float = 0.25, max_count: int = 6):
+        """A random table model: every context gets random integer counts, some of them 0.
+
+        Probabilities are exact Fractions with zeros (``add_k = 0``): the "random table
+        models" of the verifier.  Deterministic in ``seed``.
+        """
+        order = check_positive_int("order", order)
+        vocab_size = check_positive_int("vocab_size", vocab_size)
+        if not 0 <= zero_frac < 1:
+            raise SpecrefError(f"zero_frac must be in [0, 1), got {zero_frac!r}")
+        rng = np.random.default_rng(seed)
+        counts = {}
+        for ctx in itertools.product(range(_BOS, vocab_size), repeat=order - 1):
+            c = rng.integers(1, max_count + 1, size=vocab_size) * (rng.random(vocab_size) >= zero_frac)
+            c[rng.integers(vocab_size)] += 1  # never an all-zero row
+            counts[ctx] = Counter({x: int(n) for x, n in enumerate(c) if n})
+        counts.setdefault((), Counter({x: 1 for x in range(vocab_size)}))
+        return cls(order, vocab_size, counts, add_k=0)
 
     def context(self, tokens) -> tuple:
         """The conditioning context of the token after ``tokens``: its last n-1 tokens."""
