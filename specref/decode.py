@@ -113,6 +113,7 @@ def sample_target(target, prompt, *, config: SamplingConfig, max_new_tokens: int
     iteration = target_transition(
         target, prompt, config=config, max_new_tokens=max_new_tokens, stop_tokens=stop_tokens, memo=False
     )
+    _check_rng(rng)
     result = DecodeResult(tokens=[])
     state = () if max_new_tokens > 0 else None
     while state is not None:
@@ -239,6 +240,7 @@ def speculative_decode(
     :func:`specref.step.speculative_step` when given.
     """
     k = check_positive_int("k", k)
+    _check_rng(rng)
     result = DecodeResult(tokens=[], tested_per_position=[0] * k, accepted_per_position=[0] * k)
     iteration = _transition(
         target, draft, prompt, k, config, max_new_tokens, stop_tokens, step, memo=False, stats=result
@@ -280,6 +282,14 @@ def _next_state(generated: tuple, block: tuple, max_new_tokens: int, stops: froz
     if len(state) >= max_new_tokens or (block and block[-1] in stops):
         return None
     return state
+
+
+def _check_rng(rng):
+    if not (callable(getattr(rng, "random", None)) and callable(getattr(rng, "choice", None))):
+        raise SpecrefError(
+            f"rng must be a generator with random() and choice(n, p=...), such as "
+            f"numpy.random.default_rng(seed); got {rng!r}"
+        )
 
 
 def _check_common(target, prompt, config, max_new_tokens, stop_tokens):
