@@ -35,7 +35,7 @@ def _show(value, limit: int = 120) -> str:
 
 def is_exact(rows) -> bool:
     """True for NumPy object arrays (of ``Fraction``): arithmetic on them is exact."""
-    return getattr(rows, "dtype", None) == np.dtype(object)
+    return isinstance(rows, np.ndarray) and rows.dtype == object
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
