@@ -65,13 +65,14 @@ def check_prob_rows(name: str, rows, *, shape: tuple | None = None):
         raise SpecrefError(f"{name} must have a non-empty last (vocabulary) axis, got shape {tuple(rows.shape)}")
     if is_exact(rows):
         flat = rows.reshape(-1, rows.shape[-1])
+        if not {type(v) for v in rows.flat} <= {Fraction, int}:
+            i, j = next((i, j) for i, row in enumerate(flat) for j, v in enumerate(row)
+                        if type(v) not in (Fraction, int))
+            raise SpecrefError(f"{name}[{i}][{j}] must be a Fraction, got {_show(flat[i][j])}")
         for i, row in enumerate(flat):
-            for j, v in enumerate(row):
-                if not isinstance(v, (Fraction, int)) or isinstance(v, bool):
-                    raise SpecrefError(f"{name}[{i}][{j}] must be a Fraction, got {_show(v)}")
-                if v < 0:
-                    raise SpecrefError(f"{name}[{i}][{j}] is negative: {v}")
-            total = sum(row, Fraction(0))
+            if min(row) < 0:
+                raise SpecrefError(f"{name}[{i}][{list(row).index(min(row))}] is negative: {min(row)}")
+            total = sum(row)
             if total != 1:
                 raise SpecrefError(f"{name} row {i} sums to {total}, not exactly 1")
         return rows
