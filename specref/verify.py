@@ -1,0 +1,415 @@
+"""``python -m specref.verify``: the exact verification of speculative decoding (SPEC §5).
+
+It prints, and checks:
+
+1. the worked example of SPEC §3 in exact rationals (and the "resample from p" bug);
+2. the single-step mass balance ``min(p, q) + (1 - alpha) residual = p`` on random
+   rational cases;
+3. the scenario matrix: for each scenario the exact law of speculative decoding
+   (enumerated by :func:`specref.exact.law_iterated`) against the target law
+   (:func:`specref.exact.target_law`, an independent product of conditionals):
+   n-gram models of orders 1-3, random table models and the tiny transformer;
+   K = 1..4; temperature, greedy, top-k, top-p, min-p and a combination; stop tokens
+   and several lengths; forced edge cases; rational mode, where TV must be exactly 0;
+4. negative controls: every wrong implementation of :mod:`specref.zoo` (SPEC §7),
+   run through the same decoder matrix when it is a probability-level step and
+   through the oracle at its own level otherwise -- each must be detected (TV > 0);
+   approximate algorithms are reported with their exact TV.
+
+Exit status 0 only when every correct scenario has TV <= 1e-12 (exactly 0 in
+rational mode) and every negative control is detected.
+
+``--impl module:function --level step|logits|decoder`` checks an outside
+implementation with the oracle instead, and exits non-zero when it fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import random
+import sys
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from specref.decode import speculative_transition
+from specref.errors import SpecrefError
+from specref.exact import compare, law_iterated, target_law
+from specref.sampling import GREEDY, SamplingConfig
+from specref.step import accepted_mass, acceptance_rate, residual, residual_mass
+
+FLOAT_TOL = 1e-12  # a correct float scenario: TV <= this
+DETECT_TOL = 1e-9  # a negative control is detected when TV > this
+
+
+# ---------------------------------------------------------------- 1-2. the single step
+
+
+def worked_example() -> dict:
+    """SPEC §3 worked example in exact rationals."""
+    p = np.array([Fraction(1, 5), Fraction(1, 2), Fraction(3, 10)], dtype=object)
+    q = np.array([Fraction(3, 5), Fraction(3, 10), Fraction(1, 10)], dtype=object)
+    acc, rej = accepted_mass(p, q), residual_mass(p, q)
+    res = residual(p, q)
+    out = acc + rej * res
+    wrong = acc + rej * p  # SPEC §7 bug 1: the correction drawn from p
+    checks = {
+        "accepted mass = [1/5, 3/10, 1/10]": list(acc) == [Fraction(1, 5), Fraction(3, 10), Fraction(1, 10)],
+        "rejection mass = 2/5": rej == Fraction(2, 5),
+        "residual = [0, 1/2, 1/2]": list(res) == [0, Fraction(1, 2), Fraction(1, 2)],
+        "accepted + rejection x residual = p": list(out) == list(p),
+        "resample-from-p gives [7/25, 1/2, 11/50]": list(wrong) == [Fraction(7, 25), Fraction(1, 2), Fraction(11, 50)],
+    }
+    return {
+        "p": _strs(p), "q": _strs(q), "accepted": _strs(acc), "rejection": str(rej), "residual": _strs(res),
+        "output": _strs(out), "resample_from_p": _strs(wrong), "checks": checks, "ok": all(checks.values()),
+    }
+
+
+def mass_balance(n_cases: int, seed: int) -> dict:
+    """accepted + rejection x residual == p exactly, on random rational (p, q) with zeros and ties."""
+    rng = random.Random(seed)
+    failures, with_rejection = [], 0
+    for _ in range(n_cases):
+        V = rng.randint(2, 6)
+        p = _random_rational_row(rng, V)
+        q = p.copy() if rng.random() < 0.15 else _random_rational_row(rng, V)
+        alpha = acceptance_rate(p, q)
+        if alpha == 1:  # p = q: nothing is ever rejected, and the residual is never formed
+            ok = list(accepted_mass(p, q)) == list(p)
+        else:
+            with_rejection += 1
+            ok = list(accepted_mass(p, q) + (1 - alpha) * residual(p, q)) == list(p)
+        if not ok:
+            failures.append({"p": _strs(p), "q": _strs(q)})
+    return {"cases": n_cases, "with_rejection": with_rejection, "failures": failures, "ok": not failures}
+
+
+def _random_rational_row(rng, V):
+    w = [rng.choice([0, 0, 1, 2, 3, 5, 8]) for _ in range(V)]
+    if not any(w):
+        w[rng.randrange(V)] = 1
+    return np.array([Fraction(x, sum(w)) for x in w], dtype=object)
+
+
+def _strs(row):
+    return [str(v) for v in row]
+
+
+# ---------------------------------------------------------------- 3-4. scenarios
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One row of the matrix: a thunk that returns (TV, outputs, paths) and what TV must be."""
+
+    name: str
+    kind: str  # "correct" (TV must be ~0), "control" (must be > 0) or "approximate" (reported)
+    run: object  # () -> dict(tv=..., n_outputs=..., paths=...)
+    quick: bool = False  # part of --quick
+
+
+def decoder_law_scenario(name, target, draft, prompt, *, k, config, max_new_tokens, stop_tokens=(),
+                         key=None, step=None, kind="correct", quick=False) -> Scenario:
+    """Speculative decoding's exact law (memoised per iteration) against the target law."""
+
+    def run():
+        iteration = speculative_transition(target, draft, prompt, k=k, config=config,
+                                           max_new_tokens=max_new_tokens, stop_tokens=stop_tokens, step=step)
+        got = law_iterated((), iteration, key=key)
+        want = target_law(target, prompt, config, max_new_tokens, stop_tokens)
+        c = compare(got, want)
+        return {"tv": c.tv, "n_outputs": len(want), "paths": got.paths, "states": got.states, "exact": c.exact}
+
+    return Scenario(name, kind, run, quick)
+
+
+def ngram_key(order, prompt):
+    """Memo key for n-gram models: the last n-1 tokens and the count generated so far."""
+    h = order - 1
+
+    def key(generated):
+        context = (tuple(prompt) + tuple(generated))[-h:] if h else ()
+        return context, len(generated)
+
+    return key
+
+
+CONFIGS = {
+    "T1": SamplingConfig(),
+    "T0.7": SamplingConfig(temperature=0.7),
+    "greedy": GREEDY,
+    "topk2": SamplingConfig(top_k=2),
+    "topp0.8": SamplingConfig(top_p=0.8),
+    "minp0.2": SamplingConfig(min_p=0.2),
+    "combo": SamplingConfig(temperature=0.8, top_k=3, top_p=0.9, min_p=0.05),
+}
+EXACT_CONFIGS = {  # exact on Fraction rows: 1/T integral, thresholds as Fractions
+    "T1": SamplingConfig(),
+    "T1/2": SamplingConfig(temperature=Fraction(1, 2)),
+    "topk2": SamplingConfig(top_k=2),
+    "topp4/5": SamplingConfig(top_p=Fraction(4, 5)),
+    "minp1/5": SamplingConfig(min_p=Fraction(1, 5)),
+}
+
+
+def model_pairs():
+    """(name, target, draft, key order, V): n-gram pairs that disagree, and random tables."""
+    from toy_models.ngram import NGramModel, random_table_corpus
+
+    pairs = []
+    for order_t, order_d, V in [(1, 1, 4), (2, 1, 3), (2, 2, 4), (3, 2, 3)]:
+        corpus = random_table_corpus(V, 12, 30, seed=10 * V + order_t)
+        target = NGramModel.fit(corpus, order=order_t, vocab_size=V, add_k=Fraction(1, 2))
+        draft = NGramModel.fit(corpus[:2], order=order_d, vocab_size=V, add_k=1)
+        pairs.append((f"ngram{order_t}/{order_d}-V{V}", target, draft, order_t, V))
+    for order, V in [(2, 4), (3, 3)]:
+        target = NGramModel.random(order=order, vocab_size=V, seed=order * 100 + V)
+        draft = NGramModel.random(order=order, vocab_size=V, seed=order * 100 + V + 1, zero_frac=0.4)
+        pairs.append((f"table{order}-V{V}", target, draft, order, V))
+    return pairs
+
+
+def matrix() -> list[Scenario]:
+    """The correct scenarios: every pair x config (float), rational mode, and forced edge cases."""
+    scenarios = []
+    pairs = model_pairs()
+    for i, (pname, target, draft, order, V) in enumerate(pairs):
+        ks = [1, 2, 3, 4] if V <= 3 else [1, 2, 3]
+        for j, (cname, config) in enumerate(CONFIGS.items()):
+            n = i * len(CONFIGS) + j
+            k, max_new = ks[n % len(ks)], [2, 3, 4][n % 3] if V <= 3 else [2, 3][n % 2]
+            stops = (V - 1,) if n % 2 else ()
+            prompt = [n % V]
+            name = f"{pname} {cname} K={k} n={max_new}" + (f" stop={stops[0]}" if stops else "")
+            scenarios.append(decoder_law_scenario(
+                name, target, draft, prompt, k=k, config=config, max_new_tokens=max_new, stop_tokens=stops,
+                key=ngram_key(order, prompt), quick=(j == i % len(CONFIGS)),
+            ))
+    for i, (pname, target, draft, order, V) in enumerate(pairs[1:4] + pairs[4:5]):
+        for j, (cname, config) in enumerate(EXACT_CONFIGS.items()):
+            k = [1, 2, 3][(i + j) % 3]
+            prompt = [j % V]
+            scenarios.append(decoder_law_scenario(
+                f"rational {pname} {cname} K={k} n=3", target.exact, draft.exact, prompt, k=k, config=config,
+                max_new_tokens=3, stop_tokens=(0,) if j % 2 else (), key=ngram_key(order, prompt),
+                quick=(j == i),
+            ))
+    scenarios += edge_cases()
+    scenarios += transformer_scenarios()
+    return scenarios
+
+
+def edge_cases() -> list[Scenario]:
+    """The forced edge cases of SPEC §3 and §9, each a decoder scenario."""
+    from toy_models.ngram import NGramModel
+    from toy_models.table import ProbTable
+
+    F = Fraction
+    target = NGramModel.random(order=2, vocab_size=3, seed=7)
+    sparse = NGramModel.random(order=2, vocab_size=3, seed=8, zero_frac=0.6)
+    no_two = ProbTable(np.array([[F(1, 2), F(1, 2), F(0)], [F(1, 4), F(3, 4), F(0)], [F(2, 3), F(1, 3), F(0)]]))
+    only_two = ProbTable(np.array([[F(0), F(0), F(1)]] * 3))
+    # a chain that emits the stop token 2 right after token 1, with high probability
+    chain = ProbTable(np.array([[F(1, 10), F(4, 5), F(1, 10)], [F(1, 20), F(1, 20), F(9, 10)], [F(1, 3)] * 3]))
+    key2 = ngram_key(2, [0])
+    T1 = SamplingConfig()
+    return [
+        decoder_law_scenario("edge p=q (draft = target) K=3", target.exact, target.exact, [0], k=3, config=T1,
+                             max_new_tokens=4, key=key2, quick=True),
+        decoder_law_scenario("edge zeros in q K=2", target.exact, sparse.exact, [0], k=2, config=T1,
+                             max_new_tokens=3, key=key2, quick=True),
+        decoder_law_scenario("edge zeros in p K=2", sparse.exact, target.exact, [0], k=2, config=T1,
+                             max_new_tokens=3, key=key2),
+        decoder_law_scenario("edge always rejected at position 1 K=3", no_two, only_two, [0], k=3, config=T1,
+                             max_new_tokens=3, key=key2, quick=True),
+        decoder_law_scenario("edge stop inside accepted block K=4", chain, chain, [0], k=4, config=T1,
+                             max_new_tokens=4, stop_tokens=(2,), key=key2, quick=True),
+        decoder_law_scenario("edge greedy, draft disagrees K=2", target, sparse, [1], k=2, config=GREEDY,
+                             max_new_tokens=4, key=key2),
+        decoder_law_scenario("edge max length mid-block K=4", target.exact, target.exact, [2], k=4, config=T1,
+                             max_new_tokens=2, key=key2),
+    ]
+
+
+def transformer_scenarios() -> list[Scenario]:
+    """Tiny transformers with a small vocabulary (issue 5), when toy_models.transformer has them."""
+    try:
+        from toy_models.transformer import verification_pair
+    except ImportError:
+        return []
+    scenarios = []
+    for k, config, quick in [(2, SamplingConfig(), True), (3, SamplingConfig(temperature=0.7, top_p=0.9), False)]:
+        target, draft, prompt = verification_pair()
+        scenarios.append(decoder_law_scenario(
+            f"transformer V={target.vocab_size} {config_name(config)} K={k} n=3", target, draft, prompt, k=k,
+            config=config, max_new_tokens=3, quick=quick,
+        ))
+    return scenarios
+
+
+def config_name(config: SamplingConfig) -> str:
+    for table in (CONFIGS, EXACT_CONFIGS):
+        for name, c in table.items():
+            if c == config:
+                return name
+    return str(config)
+
+
+def controls() -> list[Scenario]:
+    """Every zoo entry: wrong ones must be detected; approximate ones are reported."""
+    from specref import oracle, zoo
+    from toy_models.ngram import NGramModel
+
+    target = NGramModel.random(order=2, vocab_size=3, seed=21)
+    draft = NGramModel.random(order=2, vocab_size=3, seed=22, zero_frac=0.3)
+    scenarios = []
+    for entry in zoo.entries():
+        if entry.kind == "correct" or "exact" not in entry.modes:
+            continue
+        kind = "control" if entry.kind == "wrong" else "approximate"
+        label = f"§7.{entry.spec_item}" if entry.spec_item else entry.kind
+        if entry.level == "step":  # through the same decoder matrix as the reference
+            for quick, (name, config) in [(True, ("T1", SamplingConfig())), (False, ("T0.7", SamplingConfig(temperature=0.7)))]:
+                scenarios.append(decoder_law_scenario(
+                    f"{kind} {entry.name} ({label}) table2-V3 {name} K=2 n=3", target, draft, [0], k=2,
+                    config=config, max_new_tokens=3, key=ngram_key(2, [0]), step=entry.fn, kind=kind, quick=quick,
+                ))
+        check = {"step": oracle.check_step, "logits": oracle.check_logits_step, "decoder": oracle.check_decoder}[entry.level]
+
+        def run(check=check, entry=entry):
+            report = check(entry.fn, mode="exact")
+            bad = [r for r in report.results if not r.ok]
+            return {"tv": report.worst_tv, "n_outputs": None, "paths": None,
+                    "detail": "; ".join(f"{r.case.name}: {r.status}" for r in bad[:2])}
+
+        scenarios.append(Scenario(f"{kind} {entry.name} ({label}) oracle {entry.level}-level cases", kind, run,
+                                  quick=entry.level != "step"))
+    return scenarios
+
+
+# ---------------------------------------------------------------- running
+
+
+def status_of(kind, tv, exact) -> tuple[str, bool]:
+    if kind == "correct":
+        ok = tv is not None and (tv == 0 if exact else tv <= FLOAT_TOL)
+        return ("ok" if ok else "FAIL"), ok
+    if kind == "control":
+        ok = tv is not None and tv > DETECT_TOL
+        return ("detected" if ok else "MISSED"), ok
+    return "approximate", True
+
+
+def run_scenarios(scenarios, *, progress=True, out=sys.stdout) -> list[dict]:
+    rows = []
+    width = max(len(s.name) for s in scenarios) if scenarios else 10
+    print(f"{'':8}{'scenario':<{width}}  {'outputs':>7}  {'TV(spec, target)':>16}  status", file=out)
+    for i, s in enumerate(scenarios, 1):
+        t0 = time.perf_counter()
+        try:
+            r = s.run()
+        except SpecrefError as e:  # a scenario that cannot run is a failure, reported in its row
+            r = {"tv": None, "n_outputs": None, "paths": None, "detail": f"error: {e}"}
+        seconds = time.perf_counter() - t0
+        tv = r["tv"]
+        status, ok = status_of(s.kind, tv, r.get("exact", False) and s.kind == "correct")
+        tv_text = "-" if tv is None else ("0 (exact)" if tv == 0 and isinstance(tv, Fraction) else f"{float(tv):.3g}")
+        n_out = "-" if r.get("n_outputs") is None else str(r["n_outputs"])
+        detail = f"  {r['detail']}" if r.get("detail") and not ok else ""
+        prefix = f"[{i}/{len(scenarios)}]" if progress else ""
+        print(f"{prefix:<8}{s.name:<{width}}  {n_out:>7}  {tv_text:>16}  {status} ({seconds:.2f}s){detail}",
+              file=out, flush=True)
+        rows.append({
+            "name": s.name, "kind": s.kind, "status": status, "ok": ok,
+            "tv": None if tv is None else float(tv), "tv_exact": str(tv) if isinstance(tv, Fraction) else None,
+            "n_outputs": r.get("n_outputs"), "paths": r.get("paths"), "states": r.get("states"),
+            "seconds": round(seconds, 4), "detail": r.get("detail", ""),
+        })
+    return rows
+
+
+def check_outside(spec: str, level: str, mode: str, samples: int | None) -> int:
+    """--impl module:function: the oracle's verdict on an outside implementation."""
+    from specref import oracle
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        print(f"--impl must look like module:function, got {spec!r}", file=sys.stderr)
+        return 2
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        print(f"cannot load {spec!r}: {e}", file=sys.stderr)
+        return 2
+    check = {"step": oracle.check_step, "logits": oracle.check_logits_step, "decoder": oracle.check_decoder}[level]
+    report = check(fn, mode=mode, samples=samples)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specref.verify", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a subset of the matrix (under 30 s)")
+    ap.add_argument("--json", metavar="PATH", help="write a machine-readable report with every number")
+    ap.add_argument("--scenario", metavar="NAME", help="only scenarios whose name contains NAME")
+    ap.add_argument("--no-progress", action="store_true", help="no [i/N] counters")
+    ap.add_argument("--impl", metavar="MODULE:FUNCTION", help="check an outside implementation with the oracle")
+    ap.add_argument("--level", choices=["step", "logits", "decoder"], default="step")
+    ap.add_argument("--mode", choices=["exact", "statistical"], default="exact")
+    ap.add_argument("--samples", type=int, help="statistical mode: N (default: planned)")
+    args = ap.parse_args(argv)
+    if args.impl:
+        return check_outside(args.impl, args.level, args.mode, args.samples)
+
+    t0 = time.perf_counter()
+    print("1. SPEC §3 worked example, exact rationals")
+    we = worked_example()
+    for name, key in [("p", "p"), ("q", "q"), ("accepted min(p,q)", "accepted"), ("residual", "residual"),
+                      ("accepted + (2/5) residual", "output"), ("bug: accepted + (2/5) p", "resample_from_p")]:
+        print(f"   {name:<26} [{', '.join(we[key])}]")
+    for check, ok in we["checks"].items():
+        print(f"   {'ok  ' if ok else 'FAIL'} {check}")
+    mb = mass_balance(200 if args.quick else 2000, seed=2026)
+    print(f"\n2. single-step mass balance on {mb['cases']} random rational (p, q) "
+          f"({mb['with_rejection']} with rejections): {'exact for all' if mb['ok'] else 'FAILED'}"
+          f"{'' if mb['ok'] else ': ' + str(mb['failures'][:3])}")
+
+    scenarios = matrix() + controls()
+    if args.quick:
+        scenarios = [s for s in scenarios if s.quick]
+    if args.scenario:
+        scenarios = [s for s in scenarios if args.scenario in s.name]
+        if not scenarios:
+            print(f"no scenario matches {args.scenario!r}", file=sys.stderr)
+            return 2
+    print(f"\n3-4. scenario matrix ({len(scenarios)} scenarios): TV(speculative, target) exactly")
+    rows = run_scenarios(scenarios, progress=not args.no_progress)
+    correct = [r for r in rows if r["kind"] == "correct"]
+    controls_ = [r for r in rows if r["kind"] == "control"]
+    ok = we["ok"] and mb["ok"] and all(r["ok"] for r in rows)
+    seconds = time.perf_counter() - t0
+    print(f"\n{sum(r['ok'] for r in correct)}/{len(correct)} correct scenarios exact, "
+          f"{sum(r['ok'] for r in controls_)}/{len(controls_)} negative controls detected, "
+          f"{sum(r['kind'] == 'approximate' for r in rows)} approximate algorithms reported; "
+          f"{seconds:.1f} s. {'PASS' if ok else 'FAIL'}")
+    if args.json:
+        report = {
+            "ok": ok, "seconds": round(seconds, 2), "command": "python -m specref.verify " + " ".join(argv or sys.argv[1:]),
+            "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                        "numpy": np.__version__},
+            "worked_example": we, "mass_balance": mb, "scenarios": rows,
+        }
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+        print(f"wrote {args.json}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
