@@ -1,0 +1,170 @@
+"""The oracle: verdicts, counterexamples that reproduce, and misbehaviour reported, never raised."""
+
+import time
+
+import numpy as np
+import pytest
+
+from specref import oracle
+from specref.decode import speculative_decode
+from specref.errors import SpecrefError
+from specref.oracle import Case, check_decoder, check_logits_step, check_step, default_cases
+from specref.sampling import SamplingConfig, process
+from specref.step import draw, speculative_step
+
+
+def resample_from_p(p_target, q_draft, draft_tokens, rng):
+    """SPEC §7 bug 1, written here independently of the zoo."""
+    out = []
+    for i, x in enumerate(draft_tokens):
+        if rng.random() < p_target[i, x] / q_draft[i, x]:
+            out.append(int(x))
+            continue
+        return out + [draw(rng, p_target[i])]
+    return out + [draw(rng, p_target[len(draft_tokens)])]
+
+
+def logits_reference(target_logits, draft_logits, draft_tokens, config, rng):
+    return speculative_step(process(target_logits, config), process(draft_logits, config), draft_tokens, rng)
+
+
+def logits_target_only(target_logits, draft_logits, draft_tokens, config, rng):
+    """SPEC §7 bug 7: rules applied to the target only (the draft uses plain softmax)."""
+    return speculative_step(process(target_logits, config), process(draft_logits, SamplingConfig()), draft_tokens, rng)
+
+
+def decoder_reference(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng):
+    return speculative_decode(target, draft, prompt, k=k, config=config, max_new_tokens=max_new_tokens,
+                              stop_tokens=stop_tokens, rng=rng).tokens
+
+
+def test_reference_passes_exactly_at_every_level():
+    for report in (check_step(speculative_step), check_logits_step(logits_reference),
+                   check_decoder(decoder_reference, cases=default_cases("decoder")[:4])):
+        assert report.ok, str(report)
+        assert report.counterexample is None
+        assert float(report.worst_tv) <= 1e-12
+
+
+def test_wrong_step_is_flagged_and_its_counterexample_reproduces():
+    report = check_step(resample_from_p)
+    assert not report.ok and report.worst_tv > 1e-9
+    case = report.counterexample
+    again = check_step(resample_from_p, cases=[case])
+    assert not again.ok and again.worst_tv == report.worst_tv
+    assert check_step(speculative_step, cases=[case]).ok  # the case itself is fine for the reference
+    # worked-example rows: min(p,q) + (2/5) p differs from p by TV 3/25 on the first token alone
+    assert "worst outputs" in report.results[0].detail
+
+
+def test_processor_on_one_side_only_is_flagged():
+    report = check_logits_step(logits_target_only)
+    assert not report.ok
+    assert report.counterexample.config != SamplingConfig()
+
+
+def test_decoder_that_ignores_stop_tokens_is_flagged():
+    def no_stop(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng):
+        return decoder_reference(target, draft, prompt, k=k, config=config, max_new_tokens=max_new_tokens,
+                                 stop_tokens=(), rng=rng)
+
+    stop_case = [c for c in default_cases("decoder") if c.stop_tokens]
+    report = check_decoder(no_stop, cases=stop_case)
+    assert not report.ok and report.worst_tv > 0.01
+
+
+@pytest.mark.parametrize(
+    "fn, status, word",
+    [
+        (lambda p, q, x, rng: 1 / 0, "raised", "ZeroDivisionError"),
+        (lambda p, q, x, rng: [p.shape[1]], "invalid output", "outside the vocabulary"),
+        (lambda p, q, x, rng: [], "invalid output", "returned 0 tokens"),
+        (lambda p, q, x, rng: [0] * (len(x) + 2), "invalid output", "expected 1 to"),
+        (lambda p, q, x, rng: "abc", "invalid output", "outside the vocabulary"),
+        (lambda p, q, x, rng: [int(rng.random() * 2)], "lazy-uniform arithmetic", "comparisons"),
+    ],
+)
+def test_misbehaviour_is_reported_with_its_case(fn, status, word):
+    report = check_step(fn, cases=default_cases("step")[:2])
+    assert not report.ok
+    assert report.results[0].status == status and word in report.results[0].detail
+    assert report.counterexample is report.results[0].case
+
+
+def test_a_call_that_never_returns_times_out():
+    def hang(p, q, x, rng):
+        while True:
+            pass
+
+    t0 = time.perf_counter()
+    report = check_step(hang, cases=default_cases("step")[:1], time_limit=0.3)
+    assert report.results[0].status == "timeout"
+    assert time.perf_counter() - t0 < 5
+
+
+def test_statistical_mode_passes_a_correct_sampler_and_flags_the_classic_bug():
+    """N = 20,000 per case, alpha = 1e-6 (planned-N detection is tested in the zoo tests).
+
+    Both implementations use their own numpy generator seeded from the integer handed in.
+    At the worked-example rows, the classic bug moves TV 3/25 = 0.12 on the first token:
+    far above what N = 20,000 detects.
+    """
+    def own_rng(fn):
+        return lambda p, q, x, seed: fn(p, q, x, np.random.default_rng(seed))
+
+    cases = default_cases("step")[:1]
+    good = check_step(own_rng(speculative_step), mode="statistical", cases=cases, samples=20_000, seed=1)
+    bad = check_step(own_rng(resample_from_p), mode="statistical", cases=cases, samples=20_000, seed=1)
+    assert good.ok, str(good)
+    assert not bad.ok and bad.results[0].p_value < 1e-6
+    r = good.results[0]
+    assert r.n_samples == 20_000 and r.tv_interval[0] <= r.tv <= r.tv_interval[1]
+
+
+def test_statistical_mode_plans_n_when_not_given():
+    cases = default_cases("step")[5:6]  # K = 1, V = 3: 9 outcomes
+    report = check_step(lambda p, q, x, seed: speculative_step(p, q, x, np.random.default_rng(seed)),
+                        mode="statistical", cases=cases, detect_tv=0.05)
+    from specref.stats import samples_needed
+
+    assert report.ok
+    assert report.results[0].n_samples == samples_needed(0.05, 1e-6, 0.9, 10, null=_null(cases[0]))
+
+
+def _null(case):
+    from specref.exact import target_law
+
+    target, _ = case.as_float().models()
+    law = target_law(target, list(case.prompt), case.config, case.k + 1)
+    return np.array([float(law[o]) for o in sorted(law)] + [0.0])
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(SpecrefError, match="mode"):
+        check_step(speculative_step, mode="fast")
+    with pytest.raises(SpecrefError, match="callable"):
+        check_step(42)
+    with pytest.raises(SpecrefError, match="logits"):
+        check_logits_step(logits_reference, cases=default_cases("step")[:1])
+    with pytest.raises(SpecrefError, match="level"):
+        default_cases("token")
+    with pytest.raises(SpecrefError, match="samples"):
+        check_step(speculative_step, mode="statistical", samples=0)
+    with pytest.raises(SpecrefError, match="square"):
+        check_step(speculative_step, cases=[Case("bad", np.ones((2, 3)) / 3, np.ones((2, 3)) / 3)])
+    with pytest.raises(SpecrefError, match="time_limit"):
+        check_step(speculative_step, time_limit=0)
+
+
+def test_case_round_trips_through_json():
+    case = default_cases("step")[0]
+    data = case.to_json()
+    assert data["target"][0] == ["1/5", "1/2", "3/10"] and data["k"] == 2
+    from fractions import Fraction
+
+    rebuilt = oracle.Case(**{**data, "target": np.array([[Fraction(v) for v in r] for r in data["target"]]),
+                             "draft": np.array([[Fraction(v) for v in r] for r in data["draft"]]),
+                             "config": SamplingConfig(**data["config"]), "prompt": tuple(data["prompt"]),
+                             "stop_tokens": tuple(data["stop_tokens"])})
+    assert rebuilt.to_json() == data
+    assert check_step(resample_from_p, cases=[rebuilt]).worst_tv == check_step(resample_from_p, cases=[case]).worst_tv
