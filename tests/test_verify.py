@@ -1,0 +1,78 @@
+"""python -m specref.verify: the report, its exit status, and the --impl entry point."""
+
+import json
+import subprocess
+import sys
+from fractions import Fraction
+
+import pytest
+
+from specref import verify
+from specref.sampling import SamplingConfig
+from toy_models.ngram import NGramModel
+
+
+def test_worked_example_and_mass_balance_hold():
+    we = verify.worked_example()
+    assert we["ok"] and we["resample_from_p"] == ["7/25", "1/2", "11/50"] and we["output"] == we["p"]
+    mb = verify.mass_balance(300, seed=1)
+    assert mb["ok"] and mb["with_rejection"] > 100
+
+
+def test_edge_scenarios_and_json_report(tmp_path, capsys):
+    path = tmp_path / "report.json"
+    assert verify.main(["--scenario", "edge", "--json", str(path), "--no-progress"]) == 0
+    report = json.loads(path.read_text())
+    rows = report["scenarios"]
+    assert report["ok"] and len(rows) >= 7 and all(r["kind"] == "correct" and r["ok"] for r in rows)
+    exact_rows = [r for r in rows if r["tv_exact"] is not None]
+    assert exact_rows and all(r["tv_exact"] == "0" for r in exact_rows)
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_a_wrong_step_in_the_correct_matrix_fails_the_run():
+    """The status logic can fail: a buggy step run as a 'correct' scenario is a FAIL row."""
+    from tests.test_oracle import resample_from_p
+
+    target = NGramModel.random(order=2, vocab_size=3, seed=1)
+    draft = NGramModel.random(order=2, vocab_size=3, seed=2, zero_frac=0.3)
+    bad = verify.decoder_law_scenario("bug as correct", target.exact, draft.exact, [0], k=2,
+                                      config=SamplingConfig(), max_new_tokens=3, step=resample_from_p,
+                                      key=verify.ngram_key(2, [0]))
+    as_control = verify.Scenario("ref as control", "control", verify.decoder_law_scenario(
+        "ref", target.exact, draft.exact, [0], k=2, config=SamplingConfig(), max_new_tokens=3).run)
+    rows = verify.run_scenarios([bad, as_control], progress=False)
+    assert [r["status"] for r in rows] == ["FAIL", "MISSED"]
+    assert isinstance(Fraction(rows[0]["tv_exact"]), Fraction) and rows[0]["tv"] > 0
+
+
+def test_memo_key_matches_the_unmemoised_law():
+    """The n-gram memo key is an optimisation only: same law as memoising on the full state."""
+    from specref.decode import speculative_transition
+    from specref.exact import compare, law_iterated
+
+    target = NGramModel.random(order=2, vocab_size=3, seed=5)
+    draft = NGramModel.random(order=2, vocab_size=3, seed=6, zero_frac=0.3)
+    it = speculative_transition(target.exact, draft.exact, [1, 2], k=2, config=SamplingConfig(), max_new_tokens=5)
+    keyed = law_iterated((), it, key=verify.ngram_key(2, [1, 2]))
+    full = law_iterated((), it)
+    assert compare(keyed, full).tv == 0 and keyed.states < full.states
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "specref.verify", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_impl_entry_point_exit_status(tmp_path):
+    ok = run_cli("--impl", "specref.step:speculative_step", "--level", "step")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "preserves the target distribution" in ok.stdout
+    bad = run_cli("--impl", "tests.test_oracle:resample_from_p", "--level", "step")
+    assert bad.returncode == 1 and "counterexample" in bad.stdout
+    missing = run_cli("--impl", "no_such_module:f")
+    assert missing.returncode == 2 and "cannot load" in missing.stderr
+
+
+@pytest.mark.parametrize("scenario", ["no such scenario"])
+def test_unknown_scenario_is_an_error(scenario):
+    assert verify.main(["--scenario", scenario]) == 2
