@@ -73,15 +73,17 @@ OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
 
 @dataclass(frozen=True)
 class Case:
-    """One input: bigram tables ``table[x]`` = the row used after token ``x``, and settings.
+    """One input: table models (:mod:`toy_models.table`) for target and draft, and settings.
 
-    ``tables`` says what the tables hold: ``"probs"`` (final distributions; step level,
-    or exact models at decoder level) or ``"logits"`` (logits level, or logit models).
+    A table of shape ``[V] * (h + 1)`` holds at ``table[x_1..x_h]`` the row used after
+    the tokens ``x_1..x_h`` (``[V, V]``: a bigram).  ``tables`` says what they hold:
+    ``"probs"`` (final distributions; step level, or exact models at decoder level) or
+    ``"logits"`` (logits level, or logit models).
     """
 
     name: str
-    target: np.ndarray  # [V, V]
-    draft: np.ndarray  # [V, V]
+    target: np.ndarray  # [V, V] or [V] * (h + 1)
+    draft: np.ndarray  # same shape
     prompt: tuple = (0,)
     k: int = 2
     config: SamplingConfig = SamplingConfig()
@@ -91,7 +93,7 @@ class Case:
 
     @property
     def vocab_size(self) -> int:
-        return self.target.shape[0]
+        return self.target.shape[-1]
 
     def models(self):
         """(target, draft) as specref models: ProbTable or LogitTable."""
@@ -105,7 +107,7 @@ class Case:
 
     def to_json(self) -> dict:
         def rows(t):
-            return [[str(v) if isinstance(v, Fraction) else float(v) for v in r] for r in t]
+            return np.vectorize(lambda v: str(v) if isinstance(v, Fraction) else float(v), otypes=[object])(t).tolist()
 
         return {
             "name": self.name, "target": rows(self.target), "draft": rows(self.draft),
@@ -137,6 +139,11 @@ def default_cases(level: str) -> list[Case]:
         for i, config in enumerate(configs):
             t, d = rng.normal(0, 1.5, size=(2, 4, 4))
             cases.append(Case(f"logits-{i}", t, d, k=2, config=config, tables="logits"))
+        # rows where the order of the rules matters: top-p before temperature keeps a different set
+        peaked = np.log(np.array([[0.5, 0.2, 0.2, 0.1], [0.3, 0.3, 0.25, 0.15],
+                                  [0.45, 0.35, 0.15, 0.05], [0.4, 0.4, 0.1, 0.1]]))
+        cases.append(Case("logits-rule-order", peaked, peaked[::-1].copy(), k=2, tables="logits",
+                          config=SamplingConfig(temperature=0.5, top_k=3, top_p=0.6)))
         return cases
     p = _frac_table([["1/5", "1/2", "3/10"], ["1/2", "1/4", "1/4"], ["1/3", "1/3", "1/3"]])
     q = _frac_table([["3/5", "3/10", "1/10"], ["1/6", "1/2", "1/3"], ["1/2", "1/2", "0"]])
@@ -158,6 +165,10 @@ def default_cases(level: str) -> list[Case]:
         cases.append(Case("stop-token", p, q, stop_tokens=(1,), max_new_tokens=3))
         cases.append(Case("logits-top-p", rng.normal(0, 1.5, (3, 3)), rng.normal(0, 1.5, (3, 3)),
                           config=SamplingConfig(temperature=0.8, top_p=0.8), tables="logits"))
+        # rows that depend on the last two tokens: a context kept after a rejection shows
+        base = _frac_table([["1/2", "1/3", "1/6"], ["1/6", "1/2", "1/3"], ["1/3", "1/6", "1/2"]])
+        tri = np.stack([np.roll(base, a, axis=-1) for a in range(3)])  # tri[a][b]: base[b] rotated by a
+        cases.append(Case("trigram", tri, np.stack([p, q, p]), prompt=(0, 1), max_new_tokens=3))
     return cases
 
 
@@ -349,6 +360,11 @@ def _check_case(level, case):
     want = "logits" if level == "logits" else ("probs" if level == "step" else None)
     if want and case.tables != want:
         raise SpecrefError(f"case {case.name!r} has tables={case.tables!r}; the {level} level needs {want!r}")
+    if len(case.prompt) < case.target.ndim - 1:
+        raise SpecrefError(f"case {case.name!r}: prompt {case.prompt} is shorter than the tables' context "
+                           f"({case.target.ndim - 1} tokens)")
+    if case.draft.shape != case.target.shape:
+        raise SpecrefError(f"case {case.name!r}: draft table shape {case.draft.shape} != target {case.target.shape}")
     if level == "step" and case.config != SamplingConfig():
         raise SpecrefError(f"case {case.name!r}: step-level tables are final distributions; config must be default")
     case.models()  # validates the tables
@@ -370,6 +386,9 @@ def _program(level, fn, case, time_limit):
 
     rows = {}  # processed next-token rows per prefix: the oracle's own, computed once
 
+    def raw(model, context):  # unprocessed rows, a fresh copy for the implementation
+        return (model.probs(context) if level == "step" else model(context)).copy()
+
     def row(model, context):
         key = (id(model), tuple(context))
         if key not in rows:
@@ -381,11 +400,9 @@ def _program(level, fn, case, time_limit):
         for _ in range(k):  # draft tokens ~ q, each row conditioned on the tokens before it
             context.append(draw(rng, row(draft, context)))
         drafted = context[len(prompt):]
-        prev = [prompt[-1]] + drafted  # the token each row conditions on (bigram tables)
-        if level == "step":
-            args = (case.target[prev].copy(), case.draft[prev[:-1]].copy(), np.array(drafted))
-        else:
-            args = (case.target[prev].copy(), case.draft[prev[:-1]].copy(), np.array(drafted), config)
+        # the K+1 target rows and K draft rows for the prefixes prompt + x_<i, as the model gives them
+        t_rows, d_rows = raw(target, context)[-(k + 1):], raw(draft, context[:-1])[-k:]
+        args = (t_rows, d_rows, np.array(drafted)) + (() if level == "step" else (config,))
         out = _tokens(_call(fn, args + (impl_rng,), {}, time_limit), V, min_len=1, max_len=k + 1,
                       what="step_fn")
         while len(out) < k + 1:  # complete the block by target sampling

@@ -83,7 +83,7 @@ def test_exact_view_exposes_only_probs():
         (lambda: NGramModel.fit(CORPUS, order=2, vocab_size=3)([0, 5]), r"tokens\[1\] = 5"),
         (lambda: NGramModel.random(order=2, vocab_size=3, seed=0, zero_frac=1.0), "zero_frac"),
         (lambda: ProbTable(np.array([[0.5, 0.5], [0.2, 0.2]])), "sums to"),
-        (lambda: ProbTable(np.ones((2, 3)) / 3), "square"),
+        (lambda: ProbTable(np.ones((2, 3)) / 3), r"shape \[V, V\]"),
         (lambda: LogitTable(np.array([[0.0, np.nan], [0.0, 0.0]])), "NaN"),
     ],
 )

@@ -1,9 +1,12 @@
-"""Table models: next-token distributions that depend on the last token only.
+"""Table models: next-token distributions that depend on the last ``h`` tokens only.
 
 The smallest context-dependent models there are -- and context dependence is what
-exposes bugs like judging later draft positions after a rejection, or a KV cache
-that is not rolled back.  ``table[x]`` is the row used after token ``x``; the
-oracle's cases and ``specref.strategies`` are built from such tables.
+exposes bugs such as judging draft positions after a rejection (needs ``h >= 1``) or
+a context that is not rolled back after a rejection (needs ``h >= 2``: with a bigram
+the correction token alone fixes the next row).  A table of shape ``[V] * (h + 1)``
+holds, at ``table[x_1, ..., x_h]``, the row used after the tokens ``x_1 .. x_h``; a
+prefix shorter than ``h`` is left-padded with token 0.  The oracle's cases and
+``specref.strategies`` are built from such tables.
 
 - :class:`LogitTable` is a plain specref model: ``model(tokens) -> logits [len, V]``.
 - :class:`ProbTable` is an exact-capable model: ``model.probs(tokens) -> [len, V]``
@@ -19,39 +22,54 @@ from specref.errors import SpecrefError, check_prob_rows, check_tokens, is_exact
 __all__ = ["LogitTable", "ProbTable"]
 
 
-def _square(name, table):
-    if getattr(table, "ndim", None) != 2 or table.shape[0] != table.shape[1] or table.shape[0] < 1:
-        raise SpecrefError(f"{name} must be a square [V, V] array, got shape {getattr(table, 'shape', None)}")
+def _cube(name, table):
+    shape = getattr(table, "shape", None)
+    if shape is None or len(shape) < 2 or len(set(shape)) != 1 or shape[0] < 1:
+        raise SpecrefError(f"{name} must have shape [V, V] or [V] * (h + 1), got shape {shape}")
     return table
 
 
-class LogitTable:
-    """``logits(. | ..., x) = table[x]``.  ``[V, V]`` float logits (-inf allowed, NaN not)."""
+class _Table:
+    def __init__(self, table):
+        self.table = table
+        self.vocab_size = table.shape[-1]
+        self.context = table.ndim - 1  # h: how many previous tokens a row depends on
+
+    def _rows(self, tokens):  # [n] -> [n, V]
+        tokens = check_tokens("tokens", tokens, self.vocab_size)
+        padded = [0] * (self.context - 1) + tokens
+        return np.stack([self.table[tuple(padded[i : i + self.context])] for i in range(len(tokens))]) if tokens \
+            else np.empty((0, self.vocab_size), dtype=self.table.dtype)
+
+
+class LogitTable(_Table):
+    """Logits ``table[x_1..x_h]`` after the tokens ``x_1..x_h``.  Float (-inf allowed; NaN, +inf not)."""
 
     def __init__(self, table):
-        table = _square("table", np.asarray(table, dtype=np.float64))
+        table = _cube("table", np.asarray(table, dtype=np.float64))
         if np.isnan(table).any() or np.isposinf(table).any():
             raise SpecrefError("table must not contain NaN or +inf logits")
-        self.table = table
-        self.vocab_size = table.shape[0]
+        if not np.isfinite(table).any(axis=-1).all():
+            raise SpecrefError("table has a row of all -inf logits: no token could follow that context")
+        super().__init__(table)
 
     def __call__(self, tokens):  # [n] -> [n, V]
-        return self.table[check_tokens("tokens", tokens, self.vocab_size)]
+        return self._rows(tokens)
 
     def __repr__(self):
-        return f"LogitTable(V={self.vocab_size})"
+        return f"LogitTable(V={self.vocab_size}, h={self.context})"
 
 
-class ProbTable:
-    """``P(. | ..., x) = table[x]``.  ``[V, V]`` probability rows, float or Fraction."""
+class ProbTable(_Table):
+    """Probability rows ``table[x_1..x_h]`` after ``x_1..x_h``: float or Fraction."""
 
     def __init__(self, table):
-        table = _square("table", table if is_exact(table) else np.asarray(table, dtype=np.float64))
-        self.table = check_prob_rows("table", table)
-        self.vocab_size = table.shape[0]
+        table = _cube("table", table if is_exact(table) else np.asarray(table, dtype=np.float64))
+        check_prob_rows("table", table)
+        super().__init__(table)
 
     def probs(self, tokens):  # [n] -> [n, V]
-        return self.table[check_tokens("tokens", tokens, self.vocab_size)]
+        return self._rows(tokens)
 
     def __repr__(self):
-        return f"ProbTable(V={self.vocab_size}, exact={is_exact(self.table)})"
+        return f"ProbTable(V={self.vocab_size}, h={self.context}, exact={is_exact(self.table)})"
