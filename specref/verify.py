@@ -200,9 +200,32 @@ def matrix() -> list[Scenario]:
                 max_new_tokens=3, stop_tokens=(0,) if j % 2 else (), key=ngram_key(order, prompt),
                 quick=(j == i),
             ))
+    scenarios += larger()
     scenarios += edge_cases()
     scenarios += transformer_scenarios()
     return scenarios
+
+
+def larger() -> list[Scenario]:
+    """A few scenarios at the sizes of the enumeration benchmark (V up to 8, 6 tokens)."""
+    from toy_models.ngram import NGramModel, random_table_corpus
+
+    out = []
+    for V, k, n, exact, config in [(8, 3, 6, False, SamplingConfig()), (6, 4, 4, False, CONFIGS["combo"]),
+                                   (5, 3, 4, True, SamplingConfig()), (6, 2, 5, True, EXACT_CONFIGS["topp4/5"])]:
+        target = NGramModel.random(order=2, vocab_size=V, seed=1000 + V)
+        if V == 6 and not exact:  # a draft fitted to a little data from the target's own corpus
+            corpus = random_table_corpus(V, 4, 25, seed=V)
+            target = NGramModel.fit(random_table_corpus(V, 20, 40, seed=V), order=2, vocab_size=V)
+            draft = NGramModel.fit(corpus, order=1, vocab_size=V)
+        else:
+            draft = NGramModel.random(order=2, vocab_size=V, seed=2000 + V, zero_frac=0.3)
+        if exact:
+            target, draft = target.exact, draft.exact
+        name = f"{'rational ' if exact else ''}larger bigram V={V} {config_name(config)} K={k} n={n}"
+        out.append(decoder_law_scenario(name, target, draft, [0], k=k, config=config, max_new_tokens=n,
+                                        key=ngram_key(2, [0])))
+    return out
 
 
 def edge_cases() -> list[Scenario]:
