@@ -267,6 +267,10 @@ def _check_plan_args(tv, alpha, power, n_outcomes, min_expected, null):
 
 def _power(n: int, tv: float, alpha: float, k: int, m: float, null) -> float:
     """Planned power with n samples: P(ncx2(dof, 4 n visible^2) > chi2.isf(alpha, dof))."""
+    if null is not None and len(null) == 1:
+        # one possible outcome: every other outcome is impossible, and one sample on it
+        # rejects outright; an alternative at TV >= tv puts mass >= tv there
+        return 1.0 - (1.0 - tv) ** n
     if null is None:
         hidden = m * k / n  # the pool's null mass is below m k / N, whatever the null
         dof = k - 1  # the most bins pooling can leave
@@ -332,6 +336,8 @@ def samples_needed(
     hi = 1
     while _power(hi, tv, alpha, k, m, null) < power:
         hi *= 2
+        if hi > 2**48:
+            raise SpecrefError(f"no sample size reaches power {power} for tv={tv} with these outcomes")
     lo = hi // 2  # power(lo) < target (or lo == 0)
     while hi - lo > 1:
         mid = (lo + hi) // 2

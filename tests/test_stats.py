@@ -304,3 +304,21 @@ def test_compare_counts_classic_experiment():
     bug = compare_counts(np.random.default_rng(37).multinomial(n, [0.28, 0.5, 0.22]), p[0])
     assert bug.rejected and bug.tv.lower > 0.07
     assert "DIFFERS" in str(bug)
+
+
+def test_single_outcome_null_is_planned_in_closed_form():
+    """With one possible outcome, any sample elsewhere rejects: N = ceil(ln(1-power)/ln(1-tv)).
+
+    Seeded simulation: R = 2,000 replicates of the planned N from an alternative that puts
+    exactly mass tv elsewhere; the observed power must reach 0.9 - 3 standard errors.
+    """
+    import math
+
+    from specref.stats import g_test, samples_needed
+
+    null = np.array([1.0, 0.0, 0.0])
+    n = samples_needed(0.01, 1e-6, 0.9, 3, null=null)
+    assert n == math.ceil(math.log(0.1) / math.log(0.99))
+    rng = np.random.default_rng(3)
+    hits = sum(g_test(rng.multinomial(n, [0.99, 0.005, 0.005]), null).rejects(1e-6) for _ in range(2000))
+    assert hits / 2000 >= 0.9 - 3 * math.sqrt(0.09 / 2000)
