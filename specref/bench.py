@@ -165,6 +165,15 @@ def acceptance_table(target, drafts, prompts_, n_tokens, k=4):
 
 
 def main(argv=None) -> int:
+    from threadpoolctl import threadpool_limits
+
+    # one BLAS thread: with two threads on two cores that anything else touches, a
+    # forward call can stall for 5x its time (measured), which would swamp the comparison
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _main(argv)
+
+
+def _main(argv) -> int:
     ap = argparse.ArgumentParser(prog="python -m specref.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer K, prompts and repeats (about a minute)")
     ap.add_argument("--json", metavar="PATH", help="write every number as JSON (figures read it)")
@@ -195,7 +204,8 @@ def main(argv=None) -> int:
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     report = {
         "command": "python -m specref.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": f"{platform.platform()}, {_cpus()} CPUs, Python {platform.python_version()}, numpy {np.__version__}",
+        "machine": f"{platform.platform()}, {_cpus()} CPUs, Python {platform.python_version()}, "
+                   f"numpy {np.__version__}, one BLAS thread",
         "config": {"temperature": 1.0, "tokens": args.tokens, "prompts": len(prompts_), "repeats": repeats},
         "baseline": baseline, "pairs": results, "acceptance": acc,
         "peak_memory_mib": peak_mib, "seconds": time.perf_counter() - t_start,

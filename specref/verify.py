@@ -260,20 +260,61 @@ def edge_cases() -> list[Scenario]:
     ]
 
 
+def transformer_pair(*, rollback: bool = True):
+    """Tiny random transformers (V = 4) with KV caches: a 2-layer target and a 1-layer draft.
+
+    The token embedding (tied to the output layer) is scaled up so that the rows are far
+    from uniform and the two models disagree.  ``rollback=False`` keeps discarded draft
+    tokens in the target's KV cache (SPEC §7 bug 12).
+    """
+    from toy_models.transformer import CachedTransformer, TransformerConfig, init_params
+
+    models = []
+    for n_layer, seed, cache_rollback in [(2, 11, rollback), (1, 12, True)]:
+        config = TransformerConfig(n_vocab=4, n_ctx=16, n_embd=16, n_layer=n_layer, n_head=2)
+        params = init_params(config, seed=seed)
+        params["wte"] = params["wte"] * 5.0
+        models.append(CachedTransformer(params, config, rollback=cache_rollback))
+    return models[0], models[1], [1, 2]
+
+
 def transformer_scenarios() -> list[Scenario]:
-    """Tiny transformers with a small vocabulary (issue 5), when toy_models.transformer has them."""
-    try:
-        from toy_models.transformer import verification_pair
-    except ImportError:
-        return []
+    """Tiny transformers through the same matrix (issue 5), and a KV cache that is not rolled back."""
     scenarios = []
-    for k, config, quick in [(2, SamplingConfig(), True), (3, SamplingConfig(temperature=0.7, top_p=0.9), False)]:
-        target, draft, prompt = verification_pair()
+    for k, config, n, quick in [(2, SamplingConfig(), 3, True), (3, SamplingConfig(temperature=1.5, top_p=0.9), 3, False),
+                                (4, SamplingConfig(temperature=1.2, top_k=3, min_p=0.05), 4, False)]:
+        target, draft, prompt = transformer_pair()
         scenarios.append(decoder_law_scenario(
-            f"transformer V={target.vocab_size} {config_name(config)} K={k} n=3", target, draft, prompt, k=k,
-            config=config, max_new_tokens=3, quick=quick,
+            f"transformer V=4 {config_name(config)} K={k} n={n}", target, draft, prompt, k=k,
+            config=config, max_new_tokens=n, quick=quick,
         ))
+    scenarios.append(Scenario("control transformer KV cache not rolled back (§7.12) T1 K=1 n=3", "control",
+                              _stale_cache_run, quick=True))
     return scenarios
+
+
+def _stale_cache_run():
+    """SPEC §7 bug 12 with a real KV cache: the target keeps discarded draft tokens.
+
+    Whole decodes are enumerated (no memo: a cache of rows per prefix would hide the
+    bug), each from an empty cache, against the law of a correctly cached target.
+    """
+    from specref.decode import speculative_decode
+    from specref.exact import law
+
+    stale, draft, prompt = transformer_pair(rollback=False)
+    fresh, _, _ = transformer_pair()
+    config = SamplingConfig()
+
+    def program(rng):
+        stale.reset()
+        draft.reset()
+        return tuple(speculative_decode(stale, draft, prompt, k=1, config=config, max_new_tokens=3, rng=rng).tokens)
+
+    got = law(program)
+    want = target_law(fresh, prompt, config, 3)
+    c = compare(got, want)
+    return {"tv": c.tv, "n_outputs": len(want), "paths": got.paths}
 
 
 def config_name(config: SamplingConfig) -> str:
@@ -281,7 +322,11 @@ def config_name(config: SamplingConfig) -> str:
         for name, c in table.items():
             if c == config:
                 return name
-    return str(config)
+    parts = [f"T{config.temperature}"]
+    parts += [f"topk{config.top_k}"] if config.top_k is not None else []
+    parts += [f"topp{config.top_p}"] if config.top_p < 1 else []
+    parts += [f"minp{config.min_p}"] if config.min_p > 0 else []
+    return ",".join(parts)
 
 
 def controls() -> list[Scenario]:

@@ -423,6 +423,11 @@ class CachedTransformer:
             self.append(toks[keep:])
         return self._logits[:n].copy()
 
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary size, as specref's decoders read it off a model."""
+        return self.n_vocab
+
     def __len__(self) -> int:
         """Number of tokens whose logits are cached."""
         return len(self._tokens)
