@@ -104,27 +104,36 @@ def median_of(runs, key):
     return statistics.median(r[key] for r in runs)
 
 
-def bench_pair(target, name, draft, ks, prompts_, n_tokens, config, repeats, baseline):
+def bench_pair(target, name, draft, ks, prompts_, n_tokens, config, repeats):
+    """Speculative runs for each K, interleaved with autoregressive runs of the same prompts
+    and seeds, so that drift in the machine's speed touches both sides of each ratio."""
     rows = []
     for k in ks:
-        runs = [run_speculative(target, draft, p, n_tokens, k, config, seed=r)
-                for r in range(repeats) for p in prompts_]
+        runs, base = [], []
+        for r in range(repeats):
+            for p in prompts_:
+                base.append(run_target(target, p, n_tokens, config, seed=r))
+                runs.append(run_speculative(target, draft, p, n_tokens, k, config, seed=r))
+        t_step = sum(b["target_seconds"] for b in base) / sum(b["target_calls"] for b in base)
+        t_step_total = sum(b["seconds"] for b in base) / sum(b["target_calls"] for b in base)
         tested = np.sum([r["tested"] for r in runs], axis=0)
         accepted = np.sum([r["accepted"] for r in runs], axis=0)
         alpha = float(accepted.sum() / tested.sum())  # MLE of a constant per-position acceptance
         t_draft = sum(r["draft_seconds"] for r in runs) / sum(r["draft_calls"] for r in runs)
         t_verify = sum(r["verify_seconds"] for r in runs) / sum(r["target_calls"] for r in runs)
         t_over = sum(r["overhead_seconds"] for r in runs) / sum(r["target_calls"] for r in runs)
-        c = t_draft / baseline["t_step"]
-        seconds = median_of(runs, "seconds")
+        c = t_draft / t_step
+        seconds, base_seconds = median_of(runs, "seconds"), median_of(base, "seconds")
         e_l = float(expected_tokens(alpha, k))
         rows.append({
             "k": k,
             "seconds_median": seconds,
+            "baseline_seconds_median": base_seconds,
             "tokens_per_second": n_tokens / seconds,
-            "speedup_measured": baseline["seconds_median"] / seconds,
+            "baseline_tokens_per_second": n_tokens / base_seconds,
+            "speedup_measured": base_seconds / seconds,
             "speedup_model": float(speed_ratio(alpha, k, c)),
-            "speedup_calls": e_l * baseline["t_step_total"] / (t_verify + k * t_draft + t_over),
+            "speedup_calls": e_l * t_step_total / (t_verify + k * t_draft + t_over),
             "alpha": alpha,
             "alpha_per_position": (accepted / np.maximum(tested, 1)).tolist(),
             "c": c,
@@ -134,12 +143,14 @@ def bench_pair(target, name, draft, ks, prompts_, n_tokens, config, repeats, bas
             "verify_seconds": median_of(runs, "verify_seconds"),
             "rollback_seconds": median_of(runs, "rollback_seconds"),
             "overhead_seconds": median_of(runs, "overhead_seconds"),
-            "t_draft_call": t_draft, "t_verify_call": t_verify,
+            "t_step": t_step, "t_draft_call": t_draft, "t_verify_call": t_verify,
+            "verify_cost_ratio": t_verify / t_step,  # SPEC §8 assumes 1
         })
         r = rows[-1]
-        print(f"  {name:<18} K={k}  {r['seconds_median'] * 1e3:7.1f} ms  {r['tokens_per_second']:7.1f} tok/s  "
-              f"alpha={alpha:.3f} c={c:.3f}  speedup {r['speedup_measured']:.2f}x  "
-              f"model {r['speedup_model']:.2f}x  calls-priced {r['speedup_calls']:.2f}x  "
+        print(f"  {name:<18} K={k}  {r['seconds_median'] * 1e3:6.1f} ms vs {base_seconds * 1e3:6.1f} ms  "
+              f"{r['tokens_per_second']:6.0f} tok/s  alpha={alpha:.3f} c={c:.3f}  "
+              f"speedup {r['speedup_measured']:.2f}x  model {r['speedup_model']:.2f}x  "
+              f"calls-priced {r['speedup_calls']:.2f}x  t_verify/t_step {r['verify_cost_ratio']:.2f}  "
               f"[draft {r['draft_seconds'] * 1e3:.1f} / verify {r['verify_seconds'] * 1e3:.1f} / "
               f"rollback {r['rollback_seconds'] * 1e3:.2f} / overhead {r['overhead_seconds'] * 1e3:.1f} ms]",
               flush=True)
@@ -179,25 +190,17 @@ def _main(argv) -> int:
     ap.add_argument("--json", metavar="PATH", help="write every number as JSON (figures read it)")
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per run (default 64)")
     ap.add_argument("--repeats", type=int, default=3, help="seeds per prompt (default 3)")
+    ap.add_argument("--prompts", type=int, default=4, help="prompts (default 4)")
     args = ap.parse_args(argv)
     ks = [1, 2, 4, 6] if args.quick else list(range(1, 9))
-    n_prompts, repeats = (2, 1) if args.quick else (4, args.repeats)
+    n_prompts, repeats = (2, 1) if args.quick else (args.prompts, args.repeats)
     config = SamplingConfig()  # T = 1: the sampled (not greedy) regime
     t_start = time.perf_counter()
     target, drafts = pairs()
     prompts_ = prompts(n_prompts, 16)
     print(f"specref.bench: {len(prompts_)} prompts x {repeats} seeds, {args.tokens} new tokens, T=1; "
-          f"{platform.processor() or platform.machine()}, {_cpus()} CPUs, numpy {np.__version__}")
-    base_runs = [run_target(target, p, args.tokens, config, seed=r) for r in range(repeats) for p in prompts_]
-    baseline = {
-        "seconds_median": median_of(base_runs, "seconds"),
-        "t_step": sum(r["target_seconds"] for r in base_runs) / sum(r["target_calls"] for r in base_runs),
-        "t_step_total": sum(r["seconds"] for r in base_runs) / sum(r["target_calls"] for r in base_runs),
-    }
-    baseline["tokens_per_second"] = args.tokens / baseline["seconds_median"]
-    print(f"  autoregressive target: {baseline['seconds_median'] * 1e3:.1f} ms per run, "
-          f"{baseline['tokens_per_second']:.1f} tok/s, {baseline['t_step'] * 1e3:.3f} ms per target step")
-    results = [bench_pair(target, name, draft, ks, prompts_, args.tokens, config, repeats, baseline)
+          f"{platform.processor() or platform.machine()}, {_cpus()} CPUs, numpy {np.__version__}, one BLAS thread")
+    results = [bench_pair(target, name, draft, ks, prompts_, args.tokens, config, repeats)
                for name, draft in drafts]
     print("acceptance per position (K = 4):")
     acc = acceptance_table(target, drafts, prompts_[:2], args.tokens)
@@ -207,9 +210,14 @@ def _main(argv) -> int:
         "machine": f"{platform.platform()}, {_cpus()} CPUs, Python {platform.python_version()}, "
                    f"numpy {np.__version__}, one BLAS thread",
         "config": {"temperature": 1.0, "tokens": args.tokens, "prompts": len(prompts_), "repeats": repeats},
-        "baseline": baseline, "pairs": results, "acceptance": acc,
+        "pairs": results, "acceptance": acc,
         "peak_memory_mib": peak_mib, "seconds": time.perf_counter() - t_start,
     }
+    for pair in results:
+        for model_key in ("speedup_model", "speedup_calls"):
+            close = sum(abs(r["speedup_measured"] / r[model_key] - 1) <= 0.15 for r in pair["runs"])
+            pair[f"within_15pct_{model_key}"] = close
+            print(f"  {pair['name']}: measured within 15% of {model_key} for {close}/{len(pair['runs'])} K")
     best = max(results, key=lambda r: r["best_speedup"])
     print(f"best: {best['name']} at K={best['best_k']}: {best['best_speedup']:.2f}x measured; "
           f"peak memory {peak_mib:.0f} MiB; {report['seconds']:.0f} s")
