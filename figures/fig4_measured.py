@@ -86,7 +86,9 @@ def load_bench(path) -> dict | None:
         runs = []
         for j, run in enumerate(_need(pair, "runs", list, at)):
             runs.append({"k": _need(run, "k", int, f"{at}.runs[{j}]"),
-                         "speedup_measured": _need(run, "speedup_measured", float, f"{at}.runs[{j}]")})
+                         "speedup_measured": _need(run, "speedup_measured", float, f"{at}.runs[{j}]"),
+                         # optional: the model with each call priced at its measured time
+                         "speedup_calls": run.get("speedup_calls")})
         pairs.append({
             "name": _need(pair, "name", str, at),
             "alpha": _need(pair, "alpha", float, at),
@@ -145,6 +147,10 @@ def draw(data: dict):
                   label=f"{pair['name']}: measured")
         ax_s.plot(pair["model_k"], pair["speedup_model"], "--", color=color,
                   label=f"{pair['name']}: model (α = {pair['alpha']:.3f}, c = {pair['c']:.3g})")
+        priced = [(r["k"], r["speedup_calls"]) for r in pair["runs"] if r.get("speedup_calls") is not None]
+        if priced:
+            ax_s.plot(*zip(*priced), ":", color=color, marker="x",
+                      label=f"{pair['name']}: model, calls priced at measured times")
     ax_a.set_xlabel(labels["a"][0])
     ax_a.set_ylabel(labels["a"][1])
     ax_a.set_ylim(0, 1.05)

@@ -136,6 +136,7 @@ def bench_pair(target, name, draft, ks, prompts_, n_tokens, config, repeats):
             "speedup_calls": e_l * t_step_total / (t_verify + k * t_draft + t_over),
             "alpha": alpha,
             "alpha_per_position": (accepted / np.maximum(tested, 1)).tolist(),
+            "tested_per_position": tested.tolist(), "accepted_per_position": accepted.tolist(),
             "c": c,
             "expected_tokens_model": e_l,
             "tokens_per_iteration": n_tokens * len(runs) / sum(r["target_calls"] for r in runs),
@@ -155,8 +156,16 @@ def bench_pair(target, name, draft, ks, prompts_, n_tokens, config, repeats):
               f"rollback {r['rollback_seconds'] * 1e3:.2f} / overhead {r['overhead_seconds'] * 1e3:.1f} ms]",
               flush=True)
     best = max(rows, key=lambda r: r["speedup_measured"])
+    # the pair's constant-alpha model, pooled over every K: alpha = accepted / tested,
+    # per position over the runs that had it, c the median over K
+    tested = np.zeros(max(ks))
+    accepted = np.zeros(max(ks))
+    for r, k in zip(rows, ks):
+        tested[:k] += np.array(r["tested_per_position"])
+        accepted[:k] += np.array(r["accepted_per_position"])
     return {"name": name, "runs": rows, "best_k": best["k"], "best_speedup": best["speedup_measured"],
-            "alpha": best["alpha"], "c": best["c"], "alpha_per_position": best["alpha_per_position"]}
+            "alpha": float(accepted.sum() / tested.sum()), "c": statistics.median(r["c"] for r in rows),
+            "alpha_per_position": (accepted / np.maximum(tested, 1)).tolist()}
 
 
 def acceptance_table(target, drafts, prompts_, n_tokens, k=4):
