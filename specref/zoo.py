@@ -201,6 +201,38 @@ def _inverse_cdf(rng, weights) -> int:
     return len(weights) - 1
 
 
+def _accept(rng, p, q, i, x) -> bool:  # P(accept) = min(1, p_i(x) / q_i(x))
+    return rng.random() < p[i, x] / q[i, x]
+
+
+def _correct(rng, p, q, i, x) -> int:  # the residual norm(max(0, p_i - q_i))
+    return draw(rng, _residual(p[i], q[i]))
+
+
+def _bonus(rng, p, q) -> int:  # the bonus row is p_target[K]
+    return draw(rng, p[q.shape[0]])
+
+
+def _step_loop(p_target, q_draft, draft_tokens, rng, *, accept=_accept, correct=_correct, bonus=_bonus):
+    """Algorithm 1's loop with pluggable pieces: accept test, correction, bonus.
+
+    With the defaults it is the reference step; each wrong entry swaps exactly one piece,
+    so its bug is the only line that differs.  ``rng`` may be an integer seed.
+    """
+    rng = _rng(rng)
+    p, q = _rows(p_target, q_draft)
+    out: list[int] = []
+    for i in range(q.shape[0]):
+        x = int(draft_tokens[i])
+        if accept(rng, p, q, i, x):
+            out.append(x)
+            continue
+        out.append(int(correct(rng, p, q, i, x)))
+        return out
+    out.append(int(bonus(rng, p, q)))
+    return out
+
+
 # ----------------------------------------------------------------------------- correct
 
 
@@ -270,23 +302,15 @@ def typical_acceptance(eps: float = 0.09, delta: float = 0.3):
     if not (eps > 0 and delta > 0):
         raise SpecrefError(f"typical_acceptance needs eps > 0 and delta > 0, got eps={eps!r}, delta={delta!r}")
 
+    def accept(rng, p, q, i, x):  # no draft probability, no randomness in the test
+        row = p[i].astype(np.float64)
+        nz = row[row > 0]
+        entropy = float(-(nz * np.log(nz)).sum())
+        return p[i, x] > min(eps, delta * np.exp(-entropy))
+
     def typical_step(p_target, q_draft, draft_tokens, rng) -> list[int]:
-        rng = _rng(rng)
-        p, q = _rows(p_target, q_draft)
-        K = q.shape[0]
-        out: list[int] = []
-        for i in range(K):
-            x = int(draft_tokens[i])
-            row = p[i].astype(np.float64)
-            nz = row[row > 0]
-            entropy = float(-(nz * np.log(nz)).sum())
-            if p[i, x] > min(eps, delta * np.exp(-entropy)):
-                out.append(x)
-                continue
-            out.append(draw(rng, p[i]))
-            return out
-        out.append(draw(rng, p[K]))
-        return out
+        return _step_loop(p_target, q_draft, draft_tokens, rng, accept=accept,
+                          correct=lambda rng, p, q, i, x: draw(rng, p[i]))
 
     typical_step.__name__ = typical_step.__qualname__ = f"typical_acceptance_eps{eps:g}_delta{delta:g}"
     return typical_step
@@ -306,21 +330,12 @@ def lenience(l: float = 0.5):
     if isinstance(l, bool) or not isinstance(l, (int, float, Fraction, np.floating)) or not 0 < l <= 1:
         raise SpecrefError(f"lenience l must be a number in (0, 1], got {l!r}")
 
-    def lenient_step(p_target, q_draft, draft_tokens, rng) -> list[int]:
-        rng = _rng(rng)
-        p, q = _rows(p_target, q_draft)
+    def accept(rng, p, q, i, x):  # P(accept) = min(1, p / (l q))
         lq = Fraction(l) if is_exact(p) else float(l)
-        K = q.shape[0]
-        out: list[int] = []
-        for i in range(K):
-            x = int(draft_tokens[i])
-            if rng.random() < p[i, x] / (lq * q[i, x]):  # P(accept) = min(1, p / (l q))
-                out.append(x)
-                continue
-            out.append(draw(rng, _residual(p[i], q[i])))
-            return out
-        out.append(draw(rng, p[K]))
-        return out
+        return rng.random() < p[i, x] / (lq * q[i, x])
+
+    def lenient_step(p_target, q_draft, draft_tokens, rng) -> list[int]:
+        return _step_loop(p_target, q_draft, draft_tokens, rng, accept=accept)
 
     lenient_step.__name__ = lenient_step.__qualname__ = f"lenience_{float(l):g}"
     lenient_step.l = l
@@ -328,75 +343,31 @@ def lenience(l: float = 0.5):
 
 
 # ----------------------------------------------------------------------------- wrong: probability level
-# Each is the reference loop with one mistake, marked "BUG (§7.n)".
+# Each is the reference loop (`_step_loop`) with one piece replaced, marked "BUG (§7.n)".
 
 
 def residual_from_p(p_target, q_draft, draft_tokens, rng) -> list[int]:
     """§7.1: on rejection the correction is drawn from ``p_i`` instead of the residual."""
-    rng = _rng(rng)
-    p, q = _rows(p_target, q_draft)
-    K = q.shape[0]
-    out: list[int] = []
-    for i in range(K):
-        x = int(draft_tokens[i])
-        if rng.random() < p[i, x] / q[i, x]:
-            out.append(x)
-            continue
-        out.append(draw(rng, p[i]))  # BUG (§7.1): must be norm(max(0, p_i - q_i)); p_i counts accepted mass twice
-        return out
-    out.append(draw(rng, p[K]))
-    return out
+    # BUG (§7.1): must be norm(max(0, p_i - q_i)); p_i counts the accepted mass twice
+    return _step_loop(p_target, q_draft, draft_tokens, rng, correct=lambda rng, p, q, i, x: draw(rng, p[i]))
 
 
 def fallback_to_draft_token(p_target, q_draft, draft_tokens, rng) -> list[int]:
     """§7.2: no correction; on rejection the draft token is emitted anyway and the block ends."""
-    rng = _rng(rng)
-    p, q = _rows(p_target, q_draft)
-    K = q.shape[0]
-    out: list[int] = []
-    for i in range(K):
-        x = int(draft_tokens[i])
-        if rng.random() < p[i, x] / q[i, x]:
-            out.append(x)
-            continue
-        out.append(x)  # BUG (§7.2): "keep the draft token" -- the first token of every block is then ~ q_1
-        return out
-    out.append(draw(rng, p[K]))
-    return out
+    # BUG (§7.2): "keep the draft token" -- the first token of every block is then ~ q_1
+    return _step_loop(p_target, q_draft, draft_tokens, rng, correct=lambda rng, p, q, i, x: x)
 
 
 def fallback_to_argmax(p_target, q_draft, draft_tokens, rng) -> list[int]:
     """§7.2: no correction; on rejection the target's argmax is emitted (greedy fallback)."""
-    rng = _rng(rng)
-    p, q = _rows(p_target, q_draft)
-    K = q.shape[0]
-    out: list[int] = []
-    for i in range(K):
-        x = int(draft_tokens[i])
-        if rng.random() < p[i, x] / q[i, x]:
-            out.append(x)
-            continue
-        out.append(int(np.argmax(p[i])))  # BUG (§7.2): a deterministic token instead of a residual sample
-        return out
-    out.append(draw(rng, p[K]))
-    return out
+    # BUG (§7.2): a deterministic token instead of a residual sample
+    return _step_loop(p_target, q_draft, draft_tokens, rng, correct=lambda rng, p, q, i, x: np.argmax(p[i]))
 
 
 def deterministic_accept(p_target, q_draft, draft_tokens, rng) -> list[int]:
     """§7.3: accept iff ``p(x) >= q(x)``; tokens with ``p < q`` are always rejected."""
-    rng = _rng(rng)
-    p, q = _rows(p_target, q_draft)
-    K = q.shape[0]
-    out: list[int] = []
-    for i in range(K):
-        x = int(draft_tokens[i])
-        if p[i, x] >= q[i, x]:  # BUG (§7.3): when p < q, x must still be accepted with probability p/q
-            out.append(x)
-            continue
-        out.append(draw(rng, _residual(p[i], q[i])))
-        return out
-    out.append(draw(rng, p[K]))
-    return out
+    # BUG (§7.3): when p < q, x must still be accepted with probability p/q
+    return _step_loop(p_target, q_draft, draft_tokens, rng, accept=lambda rng, p, q, i, x: p[i, x] >= q[i, x])
 
 
 def no_truncation(p_target, q_draft, draft_tokens, rng) -> list[int]:
@@ -405,108 +376,62 @@ def no_truncation(p_target, q_draft, draft_tokens, rng) -> list[int]:
     p, q = _rows(p_target, q_draft)
     K = q.shape[0]
     x = [int(t) for t in draft_tokens]
-    accepted = [rng.random() < p[i, x[i]] / q[i, x[i]] for i in range(K)]  # [K] accept mask
+    accepted = [_accept(rng, p, q, i, x[i]) for i in range(K)]  # [K] accept mask
     # BUG (§7.4): tokens = where(accepted, draft, recovered) over all K positions.  After the
     # first rejection, rows i+1.. were computed for a prefix holding the *discarded* x_i, so
     # every later position must be dropped, not judged.
-    out = [x[i] if accepted[i] else draw(rng, _residual(p[i], q[i])) for i in range(K)]
-    out.append(draw(rng, p[K]))
+    out = [x[i] if accepted[i] else _correct(rng, p, q, i, x[i]) for i in range(K)]
+    out.append(_bonus(rng, p, q))
     return out
 
 
 def bonus_from_p_K(p_target, q_draft, draft_tokens, rng) -> list[int]:
     """§7.5: the bonus token is drawn from ``p_K`` (the last judged row), not ``p_{K+1}``."""
-    rng = _rng(rng)
-    p, q = _rows(p_target, q_draft)
-    K = q.shape[0]
-    out: list[int] = []
-    for i in range(K):
-        x = int(draft_tokens[i])
-        if rng.random() < p[i, x] / q[i, x]:
-            out.append(x)
-            continue
-        out.append(draw(rng, _residual(p[i], q[i])))
-        return out
-    out.append(draw(rng, p[K - 1]))  # BUG (§7.5): p_target[K-1] scored x_K; the bonus row is p_target[K]
-    return out
+    # BUG (§7.5): p_target[K-1] scored x_K; the bonus row is p_target[K]
+    return _step_loop(p_target, q_draft, draft_tokens, rng, bonus=lambda rng, p, q: draw(rng, p[q.shape[0] - 1]))
 
 
 def off_by_one_rows(p_target, q_draft, draft_tokens, rng) -> list[int]:
     """§7.6: draft token ``i`` is judged against target row ``i + 1`` (the prefix that already holds it)."""
-    rng = _rng(rng)
-    p, q = _rows(p_target, q_draft)
-    K = q.shape[0]
-    # BUG (§7.6): training-style shift (logits[:, :-1] vs labels[:, 1:]) applied where none is due:
-    # p_target[i] already is the distribution of x_{i+1}; p_target[1:] is one prefix too long.
-    p_shift = p[1:]  # [K, V]
-    out: list[int] = []
-    for i in range(K):
-        x = int(draft_tokens[i])
-        if rng.random() < p_shift[i, x] / q[i, x]:
-            out.append(x)
-            continue
-        out.append(draw(rng, _residual(p_shift[i], q[i])))
-        return out
-    out.append(draw(rng, p[K]))
-    return out
+    # BUG (§7.6): a training-style shift (logits[:, :-1] vs labels[:, 1:]) applied where none is due:
+    # p_target[i] already is the distribution of x_{i+1}; p_target[i + 1] is one prefix too long.
+    return _step_loop(
+        p_target, q_draft, draft_tokens, rng,
+        accept=lambda rng, p, q, i, x: rng.random() < p[i + 1, x] / q[i, x],
+        correct=lambda rng, p, q, i, x: draw(rng, _residual(p[i + 1], q[i])),
+    )
 
 
 def residual_unnormalised(p_target, q_draft, draft_tokens, rng) -> list[int]:
     """§7.9: residual ``max(0, p - q)`` never normalised; inverse-CDF sampling gives the rest to the last token."""
-    rng = _rng(rng)
-    p, q = _rows(p_target, q_draft)
-    K = q.shape[0]
-    out: list[int] = []
-    for i in range(K):
-        x = int(draft_tokens[i])
-        if rng.random() < p[i, x] / q[i, x]:
-            out.append(x)
-            continue
-        diff = np.maximum(p[i] - q[i], 0 * p[i])  # BUG (§7.9): sums to the rejection mass, not 1: never divided
-        out.append(_inverse_cdf(rng, diff))  # u beyond the total falls through to token V-1
-        return out
-    out.append(draw(rng, p[K]))
-    return out
+    # BUG (§7.9): sums to the rejection mass, not 1: never divided; u beyond the total falls to token V-1
+    return _step_loop(p_target, q_draft, draft_tokens, rng,
+                      correct=lambda rng, p, q, i, x: _inverse_cdf(rng, np.maximum(p[i] - q[i], 0 * p[i])))
 
 
 def residual_wrong_axis(p_target, q_draft, draft_tokens, rng) -> list[int]:
     """§7.9: the ``[K, V]`` residual matrix normalised over positions (axis 0) instead of tokens."""
-    rng = _rng(rng)
-    p, q = _rows(p_target, q_draft)
-    K = q.shape[0]
-    diff = np.maximum(p[:K] - q, 0 * q)  # [K, V], computed for all positions up front
-    total = diff.sum(axis=0, keepdims=True)  # BUG (§7.9): axis=0 sums over positions; must be axis=-1 (tokens)
-    residuals = diff / np.where(total > 0, total, 1)  # [K, V]; the guard against 0/0 hides the bug
-    out: list[int] = []
-    for i in range(K):
-        x = int(draft_tokens[i])
-        if rng.random() < p[i, x] / q[i, x]:
-            out.append(x)
-            continue
-        out.append(_inverse_cdf(rng, residuals[i]))  # rows need not sum to 1: inverse CDF, as a hand-written sampler
-        return out
-    out.append(draw(rng, p[K]))
-    return out
+
+    def correct(rng, p, q, i, x):
+        K = q.shape[0]
+        diff = np.maximum(p[:K] - q, 0 * q)  # [K, V], all positions at once
+        total = diff.sum(axis=0, keepdims=True)  # BUG (§7.9): axis=0 sums over positions; must be axis=-1 (tokens)
+        residuals = diff / np.where(total > 0, total, 1)  # [K, V]; the guard against 0/0 hides the bug
+        return _inverse_cdf(rng, residuals[i])  # rows need not sum to 1: inverse CDF, as a hand-written sampler
+
+    return _step_loop(p_target, q_draft, draft_tokens, rng, correct=correct)
 
 
 def residual_clipped_after_norm(p_target, q_draft, draft_tokens, rng) -> list[int]:
     """§7.11: ``p - q`` normalised by its L1 norm, then clipped: sums to 1/2, the rest to the last token."""
-    rng = _rng(rng)
-    p, q = _rows(p_target, q_draft)
-    K = q.shape[0]
-    out: list[int] = []
-    for i in range(K):
-        x = int(draft_tokens[i])
-        if rng.random() < p[i, x] / q[i, x]:
-            out.append(x)
-            continue
+
+    def correct(rng, p, q, i, x):
         diff = p[i] - q[i]  # signed: sums to 0, so it is "normalised" by its L1 norm instead of its sum
         diff = diff / np.abs(diff).sum()  # > 0 here: a rejection needs some p < q
         diff = np.maximum(diff, 0 * diff)  # BUG (§7.11): clipping after normalising leaves mass 1/2, not 1
-        out.append(_inverse_cdf(rng, diff))  # the missing half falls through to token V-1
-        return out
-    out.append(draw(rng, p[K]))
-    return out
+        return _inverse_cdf(rng, diff)  # the missing half falls through to token V-1
+
+    return _step_loop(p_target, q_draft, draft_tokens, rng, correct=correct)
 
 
 # ----------------------------------------------------------------------------- wrong: logits level
@@ -544,20 +469,10 @@ def rules_reordered(target_logits, draft_logits, draft_tokens, config: SamplingC
 
 def raw_acceptance(target_logits, draft_logits, draft_tokens, config: SamplingConfig, rng) -> list[int]:
     """§7.8: acceptance ratio from the raw softmax; residual and bonus from the processed rows."""
-    rng = _rng(rng)
     p, q = process(target_logits, config), process(draft_logits, config)  # what is sampled from
     p_raw, q_raw = process(target_logits, SamplingConfig()), process(draft_logits, SamplingConfig())
-    K = q.shape[0]
-    out: list[int] = []
-    for i in range(K):
-        x = int(draft_tokens[i])
-        if rng.random() < p_raw[i, x] / q_raw[i, x]:  # BUG (§7.8): ratio of unprocessed probabilities
-            out.append(x)
-            continue
-        out.append(draw(rng, _residual(p[i], q[i])))
-        return out
-    out.append(draw(rng, p[K]))
-    return out
+    # BUG (§7.8): the acceptance ratio of unprocessed probabilities
+    return _step_loop(p, q, draft_tokens, rng, accept=lambda rng, p, q, i, x: rng.random() < p_raw[i, x] / q_raw[i, x])
 
 
 # ----------------------------------------------------------------------------- wrong: decoders
