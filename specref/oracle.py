@@ -61,6 +61,8 @@ __all__ = [
     "check_logits_step",
     "check_decoder",
     "default_cases",
+    "fixed_cases",
+    "strategy_cases",
 ]
 
 OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
@@ -125,7 +127,45 @@ def _frac_table(rows):
     return np.array([[Fraction(v) for v in row] for row in rows], dtype=object)
 
 
-def default_cases(level: str) -> list[Case]:
+def default_cases(level: str, *, drawn: int = 4) -> list[Case]:
+    """The fixed edge cases of SPEC §3, seeded random cases, and ``drawn`` cases drawn
+    (with a fixed seed) from :mod:`specref.strategies`, for one protocol level."""
+    return fixed_cases(level) + (strategy_cases(level, drawn) if drawn else [])
+
+
+def strategy_cases(level: str, n: int, *, seed: int = 20261129) -> list[Case]:
+    """``n`` cases drawn from ``specref.strategies.table_model_pairs`` (V = 3), deterministic in ``seed``.
+
+    Relations between target and draft include identical, independent, disjoint
+    (every draft token rejected) and near-equal rows; logits cases also draw a
+    sampling configuration.
+    """
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
+
+    from specref import strategies
+
+    if level not in ("step", "logits", "decoder"):
+        raise SpecrefError(f"level must be 'step', 'logits' or 'decoder', got {level!r}")
+    kind = "logits" if level == "logits" else "probs"
+    pairs = strategies.table_model_pairs(vocab_size=3, exact=kind == "probs", kind=kind)
+    configs = strategies.sampling_configs(vocab_size=3) if level == "logits" else st.just(SamplingConfig())
+    drawn = []
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(pairs, st.integers(1, 2), configs)
+    def collect(pair, k, config):
+        drawn.append((pair, k, config))
+
+    collect()
+    return [Case(f"drawn-{i}", t.table, d.table, k=k, config=config, tables=kind)
+            for i, ((t, d), k, config) in enumerate(drawn[:n])]
+
+
+def fixed_cases(level: str) -> list[Case]:
     """The fixed edge cases of SPEC §3 plus seeded random cases, for one protocol level."""
     if level not in ("step", "logits", "decoder"):
         raise SpecrefError(f"level must be 'step', 'logits' or 'decoder', got {level!r}")

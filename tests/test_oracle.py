@@ -168,3 +168,14 @@ def test_case_round_trips_through_json():
                              "stop_tokens": tuple(data["stop_tokens"])})
     assert rebuilt.to_json() == data
     assert check_step(resample_from_p, cases=[rebuilt]).worst_tv == check_step(resample_from_p, cases=[case]).worst_tv
+
+
+def test_cases_drawn_from_the_strategies_are_deterministic_and_checked():
+    a = oracle.strategy_cases("step", 5)
+    b = oracle.strategy_cases("step", 5)
+    assert [c.to_json() for c in a] == [c.to_json() for c in b]
+    assert check_step(speculative_step, cases=a).ok
+    assert not check_step(resample_from_p, cases=a + default_cases("step", drawn=0)).ok
+    logits = oracle.strategy_cases("logits", 4)
+    assert all(c.tables == "logits" for c in logits) and check_logits_step(logits_reference, cases=logits).ok
+    assert [c.name for c in default_cases("step")][-4:] == ["drawn-0", "drawn-1", "drawn-2", "drawn-3"]
