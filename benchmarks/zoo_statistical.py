@@ -28,17 +28,20 @@ from specref.sampling import SamplingConfig
 
 STEP_CASE = Case("v2-k2", np.array([[F(1, 5), F(4, 5)], [F(3, 5), F(2, 5)]], dtype=object),
                  np.array([[F(1, 2), F(1, 2)], [F(1, 4), F(3, 4)]], dtype=object), k=2)
-LOGITS_CASE = Case("v3-k1-rules", np.log(np.array([[0.5, 0.3, 0.2], [0.2, 0.5, 0.3], [0.3, 0.2, 0.5]])),
-                   np.log(np.array([[0.4, 0.4, 0.2], [0.3, 0.3, 0.4], [0.6, 0.2, 0.2]])), k=1,
-                   config=SamplingConfig(temperature=0.5, top_p=0.6), tables="logits")
+LOGITS_CASE = Case("v3-k2-rules", np.log(np.array([[0.5, 0.3, 0.2], [0.2, 0.5, 0.3], [0.3, 0.2, 0.5]])),
+                   np.log(np.array([[0.4, 0.4, 0.2], [0.3, 0.3, 0.4], [0.6, 0.2, 0.2]])), k=2,
+                   config=SamplingConfig(temperature=0.7, top_p=0.8), tables="logits")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--level", choices=["step", "logits"], action="append", help="only this level (repeatable)")
     args = ap.parse_args(argv)
     rows, ok = [], True
     for level, check, case in [("step", check_step, STEP_CASE), ("logits", check_logits_step, LOGITS_CASE)]:
+        if args.level and level not in args.level:
+            continue
         for e in zoo.entries(level=level):
             exact_tv = float(check(e.fn, cases=[case]).worst_tv) if "exact" in e.modes else None
             t0 = time.perf_counter()
