@@ -99,6 +99,13 @@ def save(fig, data: dict, out_dir, name: str) -> list[Path]:
     return [png, js]
 
 
+def render(name: str, compute, draw, out_dir, *args) -> list[Path]:
+    """Compute the figure's data, draw it in the house style and save PNG + JSON."""
+    data = compute(*args)
+    with style():
+        return save(draw(data), data, out_dir, name)
+
+
 def exact(x) -> str:
     """A rational as ``"n/d"`` (``"n"`` when whole), the JSON form of exact values."""
     return str(Fraction(x))

@@ -18,7 +18,7 @@ from fractions import Fraction
 
 from specref.cost import expected_tokens, speed_ratio
 
-from figures._common import DEFAULT_OUT_DIR, exact, new_figure, num, run_as_script, save, style
+from figures._common import DEFAULT_OUT_DIR, exact, new_figure, num, render, run_as_script
 
 NAME = "fig1_speed_ratio"
 K_VALUES = tuple(range(1, 9))
@@ -111,9 +111,7 @@ def draw(data: dict):
 
 def main(out_dir=DEFAULT_OUT_DIR) -> list:
     """Draw the figure into ``out_dir``; returns the paths written (PNG, JSON)."""
-    data = compute()
-    with style():
-        return save(draw(data), data, out_dir, NAME)
+    return render(NAME, compute, draw, out_dir)
 
 
 if __name__ == "__main__":

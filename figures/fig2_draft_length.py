@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from specref.cost import best_k, expected_tokens
 
-from figures._common import DEFAULT_OUT_DIR, new_figure, num, run_as_script, save, style
+from figures._common import DEFAULT_OUT_DIR, new_figure, num, render, run_as_script
 
 NAME = "fig2_draft_length"
 EL_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
@@ -115,9 +115,7 @@ def draw(data: dict):
 
 def main(out_dir=DEFAULT_OUT_DIR) -> list:
     """Draw the figure into ``out_dir``; returns the paths written (PNG, JSON)."""
-    data = compute()
-    with style():
-        return save(draw(data), data, out_dir, NAME)
+    return render(NAME, compute, draw, out_dir)
 
 
 if __name__ == "__main__":

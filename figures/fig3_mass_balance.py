@@ -23,7 +23,7 @@ import numpy as np
 from specref.exact import law
 from specref.step import acceptance_rate, accepted_mass, residual, residual_mass, speculative_step
 
-from figures._common import DEFAULT_OUT_DIR, exact, new_figure, num, run_as_script, save, style
+from figures._common import DEFAULT_OUT_DIR, exact, new_figure, num, render, run_as_script
 
 NAME = "fig3_mass_balance"
 TOKENS = ("A", "B", "C")
@@ -136,9 +136,7 @@ def draw(data: dict):
 
 def main(out_dir=DEFAULT_OUT_DIR) -> list:
     """Draw the figure into ``out_dir``; returns the paths written (PNG, JSON)."""
-    data = compute()
-    with style():
-        return save(draw(data), data, out_dir, NAME)
+    return render(NAME, compute, draw, out_dir)
 
 
 if __name__ == "__main__":

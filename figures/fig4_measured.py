@@ -37,7 +37,15 @@ from __future__ import annotations
 from specref.cost import speed_ratio
 
 from figures._common import (
-    DATA_DIR, DEFAULT_OUT_DIR, display_path, new_figure, num, placeholder, read_json, run_as_script, save, style,
+    DATA_DIR,
+    DEFAULT_OUT_DIR,
+    display_path,
+    new_figure,
+    num,
+    placeholder,
+    read_json,
+    render,
+    run_as_script,
 )
 
 NAME = "fig4_measured"
@@ -169,9 +177,7 @@ def draw(data: dict):
 
 def main(out_dir=DEFAULT_OUT_DIR, *, bench_path=DEFAULT_BENCH) -> list:
     """Draw the figure into ``out_dir`` from ``bench_path``; returns the paths written (PNG, JSON)."""
-    data = compute(bench_path)
-    with style():
-        return save(draw(data), data, out_dir, NAME)
+    return render(NAME, compute, draw, out_dir, bench_path)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from specref.stats import tv_estimate
 from specref.vectorized import sample_steps
 from specref.zoo import ZOO
 
-from figures._common import DEFAULT_OUT_DIR, new_figure, num, run_as_script, save, style
+from figures._common import DEFAULT_OUT_DIR, new_figure, num, render, run_as_script
 
 NAME = "fig5_monte_carlo"
 SEED = 20220718  # fixes every stream
@@ -211,9 +211,7 @@ def draw(data: dict):
 
 def main(out_dir=DEFAULT_OUT_DIR) -> list:
     """Draw the figure into ``out_dir``; returns the paths written (PNG, JSON)."""
-    data = compute()
-    with style():
-        return save(draw(data), data, out_dir, NAME)
+    return render(NAME, compute, draw, out_dir)
 
 
 if __name__ == "__main__":

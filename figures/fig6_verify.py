@@ -38,7 +38,14 @@ from fractions import Fraction
 from specref.verify import DETECT_TOL, FLOAT_TOL
 
 from figures._common import (
-    DATA_DIR, DEFAULT_OUT_DIR, display_path, new_figure, placeholder, read_json, run_as_script, save, style,
+    DATA_DIR,
+    DEFAULT_OUT_DIR,
+    display_path,
+    new_figure,
+    placeholder,
+    read_json,
+    render,
+    run_as_script,
 )
 
 NAME = "fig6_verify"
@@ -174,9 +181,7 @@ def draw(data: dict):
 
 def main(out_dir=DEFAULT_OUT_DIR, *, verify_path=DEFAULT_VERIFY) -> list:
     """Draw the figure into ``out_dir`` from ``verify_path``; returns the paths written (PNG, JSON)."""
-    data = compute(verify_path)
-    with style():
-        return save(draw(data), data, out_dir, NAME)
+    return render(NAME, compute, draw, out_dir, verify_path)
 
 
 if __name__ == "__main__":
