@@ -46,9 +46,9 @@ from fractions import Fraction
 import numpy as np
 
 from specref.decode import next_token_probs
-from specref.errors import SpecrefError, check_positive_int, is_exact
+from specref.errors import SpecrefError, check_positive_int
 from specref.exact import LazyUniformError, compare, law, target_law
-from specref.sampling import SamplingConfig, process
+from specref.sampling import SamplingConfig
 from specref.stats import compare_counts, samples_needed
 from specref.step import draw
 from toy_models.table import LogitTable, ProbTable
