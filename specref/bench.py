@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import statistics
@@ -208,7 +209,7 @@ def _main(argv) -> int:
     target, drafts = pairs()
     prompts_ = prompts(n_prompts, 16)
     print(f"specref.bench: {len(prompts_)} prompts x {repeats} seeds, {args.tokens} new tokens, T=1; "
-          f"{platform.processor() or platform.machine()}, {_cpus()} CPUs, numpy {np.__version__}, one BLAS thread")
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, numpy {np.__version__}, one BLAS thread")
     results = [bench_pair(target, name, draft, ks, prompts_, args.tokens, config, repeats)
                for name, draft in drafts]
     print("acceptance per position (K = 4):")
@@ -216,7 +217,7 @@ def _main(argv) -> int:
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     report = {
         "command": "python -m specref.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": f"{platform.platform()}, {_cpus()} CPUs, Python {platform.python_version()}, "
+        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
                    f"numpy {np.__version__}, one BLAS thread",
         "config": {"temperature": 1.0, "tokens": args.tokens, "prompts": len(prompts_), "repeats": repeats},
         "pairs": results, "acceptance": acc,
@@ -235,12 +236,6 @@ def _main(argv) -> int:
             json.dump(report, f, indent=1)
         print(f"wrote {args.json}")
     return 0
-
-
-def _cpus():
-    import os
-
-    return os.cpu_count()
 
 
 if __name__ == "__main__":

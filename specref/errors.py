@@ -70,8 +70,9 @@ def check_prob_rows(name: str, rows, *, shape: tuple | None = None):
                         if type(v) not in (Fraction, int))
             raise SpecrefError(f"{name}[{i}][{j}] must be a Fraction, got {_show(flat[i][j])}")
         for i, row in enumerate(flat):
-            if min(row) < 0:
-                raise SpecrefError(f"{name}[{i}][{list(row).index(min(row))}] is negative: {min(row)}")
+            lowest = min(row)
+            if lowest < 0:
+                raise SpecrefError(f"{name}[{i}][{list(row).index(lowest)}] is negative: {lowest}")
             total = sum(row)
             if total != 1:
                 raise SpecrefError(f"{name} row {i} sums to {total}, not exactly 1")

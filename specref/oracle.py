@@ -113,7 +113,7 @@ class Case:
 
         return {
             "name": self.name, "target": rows(self.target), "draft": rows(self.draft),
-            "prompt": list(self.prompt), "k": self.k, "config": vars(self.config) | {},
+            "prompt": list(self.prompt), "k": self.k, "config": dict(vars(self.config)),
             "max_new_tokens": self.max_new_tokens, "stop_tokens": list(self.stop_tokens),
             "tables": self.tables,
         }

@@ -211,14 +211,17 @@ def larger() -> list[Scenario]:
     from toy_models.ngram import NGramModel, random_table_corpus
 
     out = []
-    for V, k, n, exact, config in [(8, 3, 6, False, SamplingConfig()), (6, 4, 4, False, CONFIGS["combo"]),
-                                   (5, 3, 4, True, SamplingConfig()), (6, 2, 5, True, EXACT_CONFIGS["topp4/5"])]:
-        target = NGramModel.random(order=2, vocab_size=V, seed=1000 + V)
-        if V == 6 and not exact:  # a draft fitted to a little data from the target's own corpus
-            corpus = random_table_corpus(V, 4, 25, seed=V)
+    for V, k, n, exact, config, fitted in [
+        (8, 3, 6, False, SamplingConfig(), False),
+        (6, 4, 4, False, CONFIGS["combo"], True),
+        (5, 3, 4, True, SamplingConfig(), False),
+        (6, 2, 5, True, EXACT_CONFIGS["topp4/5"], False),
+    ]:
+        if fitted:  # a bigram target and a unigram draft fitted to less text from the same chain
             target = NGramModel.fit(random_table_corpus(V, 20, 40, seed=V), order=2, vocab_size=V)
-            draft = NGramModel.fit(corpus, order=1, vocab_size=V)
+            draft = NGramModel.fit(random_table_corpus(V, 4, 25, seed=V), order=1, vocab_size=V)
         else:
+            target = NGramModel.random(order=2, vocab_size=V, seed=1000 + V)
             draft = NGramModel.random(order=2, vocab_size=V, seed=2000 + V, zero_frac=0.3)
         if exact:
             target, draft = target.exact, draft.exact
