@@ -1,4 +1,4 @@
-"""Throughput of the vectorised speculative step (specref.vectorized).
+"""Throughput of the vectorised speculative step (specref.decoding.vectorized).
 
 Times ``sample_steps`` on fixed random rows (default: 1e6 steps, K = 4, V = 32) and
 the classic experiment ``first_token_frequencies`` at the same N; reports the median
@@ -57,8 +57,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
 
-    from specref.backend import namespace
-    from specref.vectorized import first_token_frequencies, sample_steps
+    from specref.core.backend import namespace
+    from specref.decoding.vectorized import first_token_frequencies, sample_steps
 
     xp = np if args.backend == "numpy" else importlib.import_module(args.backend)
     rng = np.random.default_rng(args.seed)

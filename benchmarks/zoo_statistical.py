@@ -3,7 +3,7 @@ implementation whose TV is at least 0.01, using the planned N at alpha = 1e-6").
 
 For each zoo entry at step and logits level: its exact TV on one small case (exact
 mode), then the oracle in statistical mode with N planned by
-``specref.stats.samples_needed(0.01, 1e-6, 0.9, n_outcomes, null=...)``.  An entry with
+``specref.verification.stats.samples_needed(0.01, 1e-6, 0.9, n_outcomes, null=...)``.  An entry with
 exact TV >= 0.01 must be flagged; the correct ones must pass.
 
     python benchmarks/zoo_statistical.py [--json PATH]
@@ -22,9 +22,9 @@ from fractions import Fraction as F
 
 import numpy as np
 
-from specref import zoo
-from specref.oracle import Case, check_logits_step, check_step
-from specref.sampling import SamplingConfig
+from specref.verification import zoo
+from specref.verification.oracle import Case, check_logits_step, check_step
+from specref.core.sampling import SamplingConfig
 
 STEP_CASE = Case("v2-k2", np.array([[F(1, 5), F(4, 5)], [F(3, 5), F(2, 5)]], dtype=object),
                  np.array([[F(1, 2), F(1, 2)], [F(1, 4), F(3, 4)]], dtype=object), k=2)

@@ -1,7 +1,7 @@
 """Figure 1 -- the speed ratio S against the acceptance rate α (SPEC §8, §10).
 
 The idealized cost model of Leviathan, Kalman & Matias (2022), Thm 3.8, as computed
-by :mod:`specref.cost`: ``S = E[L] / (1 + K·c)`` with ``E[L] = (1 - α^{K+1}) / (1 - α)``.
+by :mod:`specref.core.cost`: ``S = E[L] / (1 + K·c)`` with ``E[L] = (1 - α^{K+1}) / (1 - α)``.
 One panel per draft cost ``c`` (0.1 -- the SPEC's worked example -- then 0, 0.05, 0.2),
 one curve per draft length K = 1..8.  Marked: the worked example (α = 0.8, K = 4,
 c = 0.1 → S ≈ 2.401; α = 0.2 → S ≈ 0.893) and, in the c = 0 panel, the entries of
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from specref.cost import expected_tokens, speed_ratio
+from specref.core.cost import expected_tokens, speed_ratio
 
 from figures._common import DEFAULT_OUT_DIR, exact, new_figure, num, render, run_as_script
 
@@ -33,7 +33,7 @@ CAPTION = (
     "Modelled, not measured: the speed ratio S = E[L]/(1 + K·c) of speculative over plain decoding "
     "(Leviathan et al. 2022, Thm 3.8; SPEC §8), with E[L] = (1 - α^(K+1))/(1 - α) expected tokens per "
     "iteration, under i.i.d. acceptance with probability α per draft token; c is the cost of one draft "
-    "token in units of one target call. Curves computed by specref.cost.speed_ratio. Marked: the SPEC "
+    "token in units of one target call. Curves computed by specref.core.cost.speed_ratio. Marked: the SPEC "
     "worked example (α = 0.8, K = 4, c = 0.1: S = 2.401; α = 0.2: S = 0.893, slower than plain "
     "decoding) and, at c = 0, the paper's Table 1 entries with K ≤ 8. Below the dotted line S = 1 "
     "speculation loses."
@@ -65,7 +65,7 @@ def compute() -> dict:
     return {
         "figure": NAME,
         "caption": CAPTION,
-        "model": "S = E[L] / (1 + K c), E[L] = sum_{i=0}^{K} alpha^i (specref.cost.speed_ratio)",
+        "model": "S = E[L] / (1 + K c), E[L] = sum_{i=0}^{K} alpha^i (specref.core.cost.speed_ratio)",
         "alpha": [num(a) for a in alphas],
         "k_values": list(K_VALUES),
         "panels": panels,

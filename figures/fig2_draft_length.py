@@ -3,7 +3,7 @@
 Left: ``E[L] = Σ_{i=0}^{K} α^i`` (Leviathan et al. 2022, eq. 1) against K for several
 α, with its limit ``1 / (1 - α)`` as K grows.  Middle: the K that maximizes the
 speed ratio ``S = E[L] / (1 + K·c)`` against α, for several draft costs c (from
-:func:`specref.cost.best_k`, which searches all K, not a capped range, when c > 0).
+:func:`specref.core.cost.best_k`, which searches all K, not a capped range, when c > 0).
 Right: the speed ratio at that best K, beside ``S(K = 1) = (1 + α)/(1 + c)``, the
 guarantee of their Cor 3.9 (above 1 whenever α > c).  Marked: α = 0.8, c = 0.1,
 where the best K is 6 (S ≈ 2.470, SPEC §10).  Model only; nothing is measured.
@@ -14,7 +14,7 @@ JSON: ``expected_tokens`` [{``alpha``, ``k``, ``expected_tokens``, ``limit``}],
 
 from __future__ import annotations
 
-from specref.cost import best_k, expected_tokens
+from specref.core.cost import best_k, expected_tokens
 
 from figures._common import DEFAULT_OUT_DIR, new_figure, num, render, run_as_script
 
@@ -29,7 +29,7 @@ CAPTION = (
     "Modelled, not measured (i.i.d. acceptance with probability α per draft token; Leviathan et al. 2022). "
     "Left: expected tokens per iteration E[L] = (1 - α^(K+1))/(1 - α) against the draft length K; dashed: "
     "the limit 1/(1 - α) for K → ∞. Middle: the draft length K that maximizes the speed ratio "
-    "S = E[L]/(1 + K·c) (specref.cost.best_k, searched over all K), for draft costs c in units of one "
+    "S = E[L]/(1 + K·c) (specref.core.cost.best_k, searched over all K), for draft costs c in units of one "
     "target call. Right: S at that K; dotted: S at K = 1, (1 + α)/(1 + c), above 1 whenever α > c "
     "(their Cor. 3.9); below S = 1 speculation loses for every K. "
     "Marked: α = 0.8, c = 0.1, best K = 6, S = 2.470 (SPEC §10)."
@@ -55,7 +55,7 @@ def compute() -> dict:
     return {
         "figure": NAME,
         "caption": CAPTION,
-        "model": "E[L] = sum_{i=0}^{K} alpha^i; S = E[L] / (1 + K c); best K = argmax_K S (specref.cost)",
+        "model": "E[L] = sum_{i=0}^{K} alpha^i; S = E[L] / (1 + K c); best K = argmax_K S (specref.core.cost)",
         "expected_tokens": el,
         "alpha": list(ALPHA_GRID),
         "best_k": curves,

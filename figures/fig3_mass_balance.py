@@ -2,14 +2,14 @@
 
 Tokens A, B, C; target ``p = [1/5, 1/2, 3/10]``, draft ``q = [3/5, 3/10, 1/10]``
 (Leviathan et al. notation).  Everything is exact rational arithmetic from
-:mod:`specref.step`: the accepted mass ``min(p, q)`` (total α = 3/5), the residual
+:mod:`specref.core.step`: the accepted mass ``min(p, q)`` (total α = 3/5), the residual
 ``max(0, p - q) / Σ max(0, p - q)`` that a rejection (mass 2/5) draws from, and their
 sum, which is ``p`` token by token.  Beside it, the classic bug "on rejection,
 resample from p" (SPEC §7, bug 1): ``min(p, q) + (1 - α)·p = [7/25, 1/2, 11/50]``.
 
 The correct output is computed twice: from the formula, and as the exact law of
-:func:`specref.step.speculative_step` (K = 1, the draft token drawn from q),
-enumerated over its random choices by :func:`specref.exact.law`.
+:func:`specref.core.step.speculative_step` (K = 1, the draft token drawn from q),
+enumerated over its random choices by :func:`specref.verification.laws.law`.
 
 JSON: every row as fractions (``"n/d"``) and floats, under ``exact`` and ``float``.
 """
@@ -20,8 +20,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from specref.exact import law
-from specref.step import acceptance_rate, accepted_mass, residual, residual_mass, speculative_step
+from specref.verification.laws import law
+from specref.core.step import acceptance_rate, accepted_mass, residual, residual_mass, speculative_step
 
 from figures._common import DEFAULT_OUT_DIR, exact, new_figure, num, render, run_as_script
 
@@ -32,12 +32,12 @@ Q = (Fraction(3, 5), Fraction(3, 10), Fraction(1, 10))  # draft
 
 CAPTION = (
     "Exact, neither sampled nor modelled: one speculative step on the SPEC §3 worked example, target "
-    "p = [1/5, 1/2, 3/10], draft q = [3/5, 3/10, 1/10], in rational arithmetic (specref.step). Left: p, q, "
+    "p = [1/5, 1/2, 3/10], draft q = [3/5, 3/10, 1/10], in rational arithmetic (specref.core.step). Left: p, q, "
     "the accepted mass min(p, q) (total α = 3/5) and the normalized residual max(0, p - q)/Σ max(0, p - q) "
     "= [0, 1/2, 1/2] that a rejection (probability 2/5) draws from. Right: the law of the emitted token, "
     "stacked as accepted mass + rejection mass × correction. Correct rule (correction from the residual): "
-    "exactly p, also confirmed by enumerating every random choice of specref.step.speculative_step "
-    "(specref.exact.law). Wrong rule \"on rejection, resample from p\" (SPEC §7 bug 1): "
+    "exactly p, also confirmed by enumerating every random choice of specref.core.step.speculative_step "
+    "(specref.verification.laws.law). Wrong rule \"on rejection, resample from p\" (SPEC §7 bug 1): "
     "[7/25, 1/2, 11/50] ≠ p. Black lines: p."
 )
 

@@ -23,7 +23,7 @@ writes (a committed copy lives in ``figures/data/bench.json``).  Keys used::
 Left panel: the measured acceptance per position against the constant-α model (a
 flat line at the pair's α: the model assumes every position accepts with the same
 probability).  Right panel: the measured wall-clock speedup against K, beside the
-model's ``S = E[L] / (1 + K·c)`` from :func:`specref.cost.speed_ratio`, evaluated here
+model's ``S = E[L] / (1 + K·c)`` from :func:`specref.core.cost.speed_ratio`, evaluated here
 from the measured α and c (SPEC §8: measured speedups are reported beside the model,
 never replaced by it).
 
@@ -34,7 +34,7 @@ that exists but lacks the keys above is an error.
 
 from __future__ import annotations
 
-from specref.cost import speed_ratio
+from specref.core.cost import speed_ratio
 
 from figures._common import (
     DATA_DIR,
@@ -57,7 +57,7 @@ CAPTION = (
     "acceptance rate per draft position (given the position was reached; markers) against the constant-α "
     "model, a flat line at the pair's measured α. Right: measured wall-clock speedup over plain decoding "
     "against the draft length K (markers, solid), beside the modelled S = E[L]/(1 + K·c) "
-    "(specref.cost.speed_ratio, dashed) evaluated at the measured α and the measured draft/target cost "
+    "(specref.core.cost.speed_ratio, dashed) evaluated at the measured α and the measured draft/target cost "
     "ratio c. Source: {source}."
 )
 CAPTION_MISSING = (

@@ -6,7 +6,7 @@ iteration emits ``L`` tokens: ``L = n <= K`` when the first rejection is at posi
 ``n`` (``n - 1`` accepted tokens and one residual token), probability
 ``α^{n-1}(1 - α)``; ``L = K + 1`` when all ``K`` are accepted (with the bonus token),
 probability ``α^K``.  Everything here is written from that law, independently of
-:mod:`specref.cost` (which :mod:`proofs.cross_check` then compares against it).
+:mod:`specref.core.cost` (which :mod:`proofs.cross_check` then compares against it).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """specref's float and Fraction code against the symbolic results (SPEC §3, §8).
 
 The proofs establish formulas; this module evaluates them at random rational points
-and compares with what :mod:`specref.step` and :mod:`specref.cost` compute, on
+and compares with what :mod:`specref.core.step` and :mod:`specref.core.cost` compute, on
 ``fractions.Fraction`` object arrays (must agree exactly) and on float64 arrays
 (must agree to ``FLOAT_TOL``).  The symbolic side of the step is the case-resolved
 formula of :mod:`proofs.step_law` for the ordering the point falls in -- not a second
@@ -96,7 +96,7 @@ def symbolic_step(p, q) -> dict:
     }
 
 
-# --- specref.step --------------------------------------------------------------------
+# --- specref.core.step --------------------------------------------------------------------
 
 
 def _as_arrays(p, q, exact: bool):
@@ -119,13 +119,13 @@ def _agree(got, want, exact: bool) -> bool:
 def check_step_module(step=None, *, points: int = 100, seed: int = 0, exact: bool = True) -> CaseOutcome:
     """``step.accepted_mass``, ``acceptance_rate``, ``residual_mass``, ``residual`` at random points."""
     kind = "Fraction" if exact else "float64"
-    name = f"specref.step on {kind} rows, {points} random rational points"
+    name = f"specref.core.step on {kind} rows, {points} random rational points"
     if step is None:
         try:
-            from specref import step
+            from specref.core import step
         except ImportError as err:
-            return CaseOutcome(name, UNPROVED, f"specref.step is not importable: {err}")
-    from specref.errors import SpecrefError
+            return CaseOutcome(name, UNPROVED, f"specref.core.step is not importable: {err}")
+    from specref.core.errors import SpecrefError
 
     rng = random.Random(seed)
     for _ in range(points):
@@ -160,7 +160,7 @@ def _show(value):
     return None if value is None else value.tolist() if hasattr(value, "tolist") else value
 
 
-# --- specref.cost --------------------------------------------------------------------
+# --- specref.core.cost --------------------------------------------------------------------
 
 
 def _symbolic_cost(a: Fraction, k: int, cost: Fraction) -> dict:
@@ -177,12 +177,12 @@ def _symbolic_cost(a: Fraction, k: int, cost: Fraction) -> dict:
 def check_cost_module(cost_module=None, *, points: int = 100, seed: int = 0, exact: bool = True) -> CaseOutcome:
     """``expected_tokens``, ``speed_ratio``, ``ops_factor`` (and ``best_k``) at random points."""
     kind = "Fraction" if exact else "float"
-    name = f"specref.cost on {kind} inputs, {points} random rational points"
+    name = f"specref.core.cost on {kind} inputs, {points} random rational points"
     if cost_module is None:
         try:
-            from specref import cost as cost_module
+            from specref.core import cost as cost_module
         except ImportError as err:
-            return CaseOutcome(name, UNPROVED, f"specref.cost is not importable: {err}")
+            return CaseOutcome(name, UNPROVED, f"specref.core.cost is not importable: {err}")
     rng = random.Random(seed)
     for _ in range(points):
         a, k, cost = Fraction(rng.randint(0, 20), 20), rng.randint(1, 8), Fraction(rng.randint(0, 10), 20)
@@ -213,8 +213,8 @@ def prove_cross_check(points: int = 100, seed: int = 0) -> Result:
         title="Cross-check: specref agrees with the symbolic results",
         spec="SPEC §3, §8",
         statement=(
-            "At random rational points, specref.step (accepted_mass, acceptance_rate, residual_mass, "
-            "residual) and specref.cost (expected_tokens, speed_ratio, ops_factor, best_k) equal the "
+            "At random rational points, specref.core.step (accepted_mass, acceptance_rate, residual_mass, "
+            "residual) and specref.core.cost (expected_tokens, speed_ratio, ops_factor, best_k) equal the "
             "symbolic formulas: exactly on Fractions, within 1e-12 on floats."
         ),
         assumptions=(

@@ -27,9 +27,9 @@ import time
 
 import numpy as np
 
-from specref.cost import expected_tokens, speed_ratio
-from specref.decode import sample_target, speculative_decode
-from specref.sampling import GREEDY, SamplingConfig
+from specref.core.cost import expected_tokens, speed_ratio
+from specref.decoding.chain import sample_target, speculative_decode
+from specref.core.sampling import GREEDY, SamplingConfig
 
 
 class Timed:

@@ -6,12 +6,12 @@ It prints, and checks:
 2. the single-step mass balance ``min(p, q) + (1 - alpha) residual = p`` on random
    rational cases;
 3. the scenario matrix: for each scenario the exact law of speculative decoding
-   (enumerated by :func:`specref.exact.law_iterated`) against the target law
-   (:func:`specref.exact.target_law`, an independent product of conditionals):
+   (enumerated by :func:`specref.verification.laws.law_iterated`) against the target law
+   (:func:`specref.verification.laws.target_law`, an independent product of conditionals):
    n-gram models of orders 1-3, random table models and the tiny transformer;
    K = 1..4; temperature, greedy, top-k, top-p, min-p and a combination; stop tokens
    and several lengths; forced edge cases; rational mode, where TV must be exactly 0;
-4. negative controls: every wrong implementation of :mod:`specref.zoo` (SPEC §7),
+4. negative controls: every wrong implementation of :mod:`specref.verification.zoo` (SPEC §7),
    run through the same decoder matrix when it is a probability-level step and
    through the oracle at its own level otherwise -- each must be detected (TV > 0);
    approximate algorithms are reported with their exact TV.
@@ -37,11 +37,11 @@ from fractions import Fraction
 
 import numpy as np
 
-from specref.decode import speculative_transition
-from specref.errors import SpecrefError
-from specref.exact import compare, law_iterated, target_law
-from specref.sampling import GREEDY, SamplingConfig
-from specref.step import accepted_mass, acceptance_rate, residual, residual_mass
+from specref.decoding.chain import speculative_transition
+from specref.core.errors import SpecrefError
+from specref.verification.laws import compare, law_iterated, target_law
+from specref.core.sampling import GREEDY, SamplingConfig
+from specref.core.step import accepted_mass, acceptance_rate, residual, residual_mass
 
 FLOAT_TOL = 1e-12  # a correct float scenario: TV <= this
 DETECT_TOL = 1e-9  # a negative control is detected when TV > this
@@ -234,7 +234,7 @@ def larger() -> list[Scenario]:
 def edge_cases() -> list[Scenario]:
     """The forced edge cases of SPEC §3 and §9, each a decoder scenario."""
     from toy_models.ngram import NGramModel
-    from toy_models.table import ProbTable
+    from specref.verification.tables import ProbTable
 
     F = Fraction
     target = NGramModel.random(order=2, vocab_size=3, seed=7)
@@ -302,8 +302,8 @@ def _stale_cache_run():
     Whole decodes are enumerated (no memo: a cache of rows per prefix would hide the
     bug), each from an empty cache, against the law of a correctly cached target.
     """
-    from specref.decode import speculative_decode
-    from specref.exact import law
+    from specref.decoding.chain import speculative_decode
+    from specref.verification.laws import law
 
     stale, draft, prompt = transformer_pair(rollback=False)
     fresh, _, _ = transformer_pair()
@@ -334,7 +334,7 @@ def config_name(config: SamplingConfig) -> str:
 
 def controls() -> list[Scenario]:
     """Every zoo entry: wrong ones must be detected; approximate ones are reported."""
-    from specref import oracle, zoo
+    from specref.verification import oracle, zoo
     from toy_models.ngram import NGramModel
 
     target = NGramModel.random(order=2, vocab_size=3, seed=21)
@@ -369,7 +369,7 @@ def control_cases(level):
     enumerated without memoisation, and a decoder bug may draft K + 1 tokens)."""
     from dataclasses import replace
 
-    from specref.oracle import default_cases
+    from specref.verification.oracle import default_cases
 
     cases = default_cases(level)
     if level == "decoder":
@@ -421,7 +421,7 @@ def run_scenarios(scenarios, *, progress=True, out=sys.stdout) -> list[dict]:
 
 def check_outside(spec: str, level: str, mode: str, samples: int | None) -> int:
     """--impl module:function: the oracle's verdict on an outside implementation."""
-    from specref import oracle
+    from specref.verification import oracle
 
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:

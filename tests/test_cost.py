@@ -1,4 +1,4 @@
-"""specref.cost against SPEC §8, Leviathan et al. (§3, Table 1) and the symbolic formulas."""
+"""specref.core.cost against SPEC §8, Leviathan et al. (§3, Table 1) and the symbolic formulas."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from specref.cost import best_k, best_k_table, expected_tokens, ops_factor, speed_ratio
-from specref.errors import SpecrefError
+from specref.core.cost import best_k, best_k_table, expected_tokens, ops_factor, speed_ratio
+from specref.core.errors import SpecrefError
 
 F = Fraction
 

@@ -6,17 +6,17 @@ from fractions import Fraction as F
 import numpy as np
 import pytest
 
-from specref.decode import (
+from specref.decoding.chain import (
     model_rows,
     next_token_probs,
     sample_target,
     speculative_block,
     speculative_decode,
 )
-from specref.errors import SpecrefError
-from specref.sampling import GREEDY, SamplingConfig
-from specref.stats import g_test
-from specref.step import draw
+from specref.core.errors import SpecrefError
+from specref.core.sampling import GREEDY, SamplingConfig
+from specref.verification.stats import g_test
+from specref.core.step import draw
 from toy_models.ngram import NGramModel, random_table_corpus
 
 V = 6

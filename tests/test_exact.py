@@ -12,9 +12,9 @@ from fractions import Fraction as F
 import numpy as np
 import pytest
 
-from specref.decode import sample_target, speculative_decode, speculative_transition, target_transition
-from specref.errors import SpecrefError
-from specref.exact import (
+from specref.decoding.chain import sample_target, speculative_decode, speculative_transition, target_transition
+from specref.core.errors import SpecrefError
+from specref.verification.laws import (
     Comparison,
     LazyUniform,
     LazyUniformError,
@@ -25,8 +25,8 @@ from specref.exact import (
     law_iterated,
     target_law,
 )
-from specref.sampling import SamplingConfig
-from specref.step import speculative_step
+from specref.core.sampling import SamplingConfig
+from specref.core.step import speculative_step
 
 # ----------------------------------------------------------------------------- models
 

@@ -2,7 +2,7 @@
 and the output is deterministic.
 
 The numbers are checked against independent computations written out here (the
-formula of SPEC §8, the fractions of SPEC §3), not against specref.cost / specref.step.
+formula of SPEC §8, the fractions of SPEC §3), not against specref.core.cost / specref.core.step.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_every_promised_file_exists_and_is_not_empty(run):
         assert data["figure"] == name and len(data["caption"]) > 80
 
 
-def _speed_ratio(alpha, k, c):  # SPEC §8, written out independently of specref.cost
+def _speed_ratio(alpha, k, c):  # SPEC §8, written out independently of specref.core.cost
     return sum(alpha**i for i in range(k + 1)) / (1 + k * c)
 
 

@@ -1,6 +1,6 @@
 """Hugging Face transformers' speculative sampling under the oracle (SPEC §3, §6).
 
-:func:`specref.hf.hf_speculative_step` wraps the private function that assisted
+:func:`specref.adapters.hf.hf_speculative_step` wraps the private function that assisted
 generation calls, ``transformers.generation.utils._speculative_sampling``.  It draws
 its random numbers from torch, so the oracle runs in statistical mode.
 
@@ -18,7 +18,7 @@ flagged at the same N.  Every run is seeded (the oracle's seed reaches torch), s
 the verdicts are reproducible.
 
 The tests that need torch and transformers skip when either is missing; the others
-(importing :mod:`specref.hf` without them) run everywhere.  About 40 s on 2 idle
+(importing :mod:`specref.adapters.hf` without them) run everywhere.  About 40 s on 2 idle
 cores (40k adapter calls at ~0.7 ms each with the oracle's draws; ~90 s when
 the cores are shared with other work).
 """
@@ -29,11 +29,11 @@ import sys
 import numpy as np
 import pytest
 
-from specref import hf
-from specref.errors import SpecrefError
-from specref.oracle import check_step, default_cases
-from specref.stats import detectable_tv
-from specref.step import speculative_step
+from specref.adapters import hf
+from specref.core.errors import SpecrefError
+from specref.verification.oracle import check_step, default_cases
+from specref.verification.stats import detectable_tv
+from specref.core.step import speculative_step
 
 N = 10_000  # samples per case: 7-18 s per case (0.7-1.8 ms per adapter call + oracle draws)
 ALPHA = 1e-6  # the oracle's default level
@@ -80,7 +80,7 @@ def test_module_imports_without_torch_and_names_the_extra():
         "        if name.split('.')[0] in ('torch', 'transformers'):\n"
         "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import specref.hf as h\n"
+        "import specref.adapters.hf as h\n"
         "assert h.supported_versions() == '>=4.40,<5.25'\n"
         "try:\n"
         "    h.hf_speculative_step([[1.0], [1.0]], [[1.0]], [0], 0)\n"

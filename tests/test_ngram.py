@@ -6,9 +6,9 @@ from fractions import Fraction as F
 import numpy as np
 import pytest
 
-from specref.errors import SpecrefError
+from specref.core.errors import SpecrefError
 from toy_models.ngram import NGramModel, random_table_corpus
-from toy_models.table import LogitTable, ProbTable
+from specref.verification.tables import LogitTable, ProbTable
 
 CORPUS = [[0, 1, 2, 1, 0, 1], [2, 2, 1]]
 

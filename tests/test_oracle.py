@@ -5,12 +5,12 @@ import time
 import numpy as np
 import pytest
 
-from specref import oracle
-from specref.decode import speculative_decode
-from specref.errors import SpecrefError
-from specref.oracle import Case, check_decoder, check_logits_step, check_step, default_cases
-from specref.sampling import SamplingConfig, process
-from specref.step import draw, speculative_step
+from specref.verification import oracle
+from specref.decoding.chain import speculative_decode
+from specref.core.errors import SpecrefError
+from specref.verification.oracle import Case, check_decoder, check_logits_step, check_step, default_cases
+from specref.core.sampling import SamplingConfig, process
+from specref.core.step import draw, speculative_step
 
 
 def resample_from_p(p_target, q_draft, draft_tokens, rng):
@@ -125,14 +125,14 @@ def test_statistical_mode_plans_n_when_not_given():
     cases = default_cases("step")[5:6]  # K = 1, V = 3: 9 outcomes
     report = check_step(lambda p, q, x, seed: speculative_step(p, q, x, np.random.default_rng(seed)),
                         mode="statistical", cases=cases, detect_tv=0.05)
-    from specref.stats import samples_needed
+    from specref.verification.stats import samples_needed
 
     assert report.ok
     assert report.results[0].n_samples == samples_needed(0.05, 1e-6, 0.9, 10, null=_null(cases[0]))
 
 
 def _null(case):
-    from specref.exact import target_law
+    from specref.verification.laws import target_law
 
     target, _ = case.as_float().models()
     law = target_law(target, list(case.prompt), case.config, case.k + 1)

@@ -194,7 +194,7 @@ def test_specref_cost_agrees_with_symbolic(exact):
 
 
 def test_cross_check_catches_a_broken_step():
-    from specref import step
+    from specref.core import step
 
     broken = types.SimpleNamespace(**{n: getattr(step, n) for n in dir(step) if not n.startswith("__")})
     broken.residual = lambda p, q: p  # SPEC §7 bug 1
@@ -203,7 +203,7 @@ def test_cross_check_catches_a_broken_step():
 
 
 def test_cross_check_catches_a_broken_cost_model():
-    from specref import cost
+    from specref.core import cost
 
     broken = types.SimpleNamespace(
         expected_tokens=lambda a, k: cost.expected_tokens(a, k - 1) if k > 1 else 1,  # off by one

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specref.errors import SpecrefError
-from specref.sampling import GREEDY, SamplingConfig, process, process_probs
+from specref.core.errors import SpecrefError
+from specref.core.sampling import GREEDY, SamplingConfig, process, process_probs
 
 
 def frac_row(*values):

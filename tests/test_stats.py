@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from specref.errors import SpecrefError
-from specref.stats import (
+from specref.core.errors import SpecrefError
+from specref.verification.stats import (
     compare_counts,
     detectable_tv,
     g_test,
@@ -23,7 +23,7 @@ from specref.stats import (
     samples_needed,
     tv_estimate,
 )
-from specref.vectorized import first_token_frequencies
+from specref.decoding.vectorized import first_token_frequencies
 
 R = 400  # replicates per power simulation
 
@@ -314,7 +314,7 @@ def test_single_outcome_null_is_planned_in_closed_form():
     """
     import math
 
-    from specref.stats import g_test, samples_needed
+    from specref.verification.stats import g_test, samples_needed
 
     null = np.array([1.0, 0.0, 0.0])
     n = samples_needed(0.01, 1e-6, 0.9, 3, null=null)

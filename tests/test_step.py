@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specref.errors import SpecrefError
-from specref.step import (
+from specref.core.errors import SpecrefError
+from specref.core.step import (
     RESIDUAL_TOL,
     accepted_mass,
     acceptance_rate,

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specref.backend import to_numpy
-from specref.errors import SpecrefError
+from specref.core.backend import to_numpy
+from specref.core.errors import SpecrefError
 from toy_models import corpus as corpus_mod
 from toy_models import train as train_mod
 from toy_models.transformer import (

@@ -2,7 +2,7 @@
 
 Monte Carlo checks are seeded; each states its N and its tolerance.  Per-outcome
 checks allow 5 standard errors (sqrt(P (1 - P) / N)); joint checks use the pooled
-G-test of specref.stats at alpha = 1e-6.  Backends: numpy and array_api_strict
+G-test of specref.verification.stats at alpha = 1e-6.  Backends: numpy and array_api_strict
 (cupy when installed).
 """
 
@@ -14,10 +14,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from specref.backend import to_numpy
-from specref.errors import SpecrefError
-from specref.stats import g_test
-from specref.vectorized import RESIDUAL_MASS_TOL, first_token_frequencies, sample_steps
+from specref.core.backend import to_numpy
+from specref.core.errors import SpecrefError
+from specref.verification.stats import g_test
+from specref.decoding.vectorized import RESIDUAL_MASS_TOL, first_token_frequencies, sample_steps
 
 Z_TOL = 5.0  # standard errors allowed per outcome
 ALPHA = 1e-6  # level of the joint G-tests

@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from specref import verify
-from specref.sampling import SamplingConfig
+from specref.core.sampling import SamplingConfig
 from toy_models.ngram import NGramModel
 
 
@@ -48,8 +48,8 @@ def test_a_wrong_step_in_the_correct_matrix_fails_the_run():
 
 def test_memo_key_matches_the_unmemoised_law():
     """The n-gram memo key is an optimisation only: same law as memoising on the full state."""
-    from specref.decode import speculative_transition
-    from specref.exact import compare, law_iterated
+    from specref.decoding.chain import speculative_transition
+    from specref.verification.laws import compare, law_iterated
 
     target = NGramModel.random(order=2, vocab_size=3, seed=5)
     draft = NGramModel.random(order=2, vocab_size=3, seed=6, zero_frac=0.3)
@@ -64,7 +64,7 @@ def run_cli(*args):
 
 
 def test_impl_entry_point_exit_status(tmp_path):
-    ok = run_cli("--impl", "specref.step:speculative_step", "--level", "step")
+    ok = run_cli("--impl", "specref.core.step:speculative_step", "--level", "step")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "preserves the target distribution" in ok.stdout
     bad = run_cli("--impl", "tests.test_oracle:resample_from_p", "--level", "step")

@@ -1,7 +1,7 @@
 """The zoo (SPEC §7): every wrong entry is caught exactly, the correct ones pass.
 
 Independent of the oracle: each entry is lifted into a program by hand here and
-enumerated with :mod:`specref.exact` (or sampled, for the statistical-only entry).
+enumerated with :mod:`specref.verification.laws` (or sampled, for the statistical-only entry).
 
 - step level: one speculative block on bigram tables (V = 3, K = 2), completed to
   K + 1 tokens by target sampling, against the target's law of K + 1 tokens;
@@ -16,15 +16,15 @@ from fractions import Fraction as F
 import numpy as np
 import pytest
 
-from specref import zoo
-from specref.decode import next_token_probs, speculative_block, speculative_decode
-from specref.errors import SpecrefError
-from specref.exact import compare, law, target_law
-from specref.sampling import SamplingConfig, process
-from specref.stats import detectable_tv, g_test, samples_needed
-from specref.step import draw, speculative_step
+from specref.verification import zoo
+from specref.decoding.chain import next_token_probs, speculative_block, speculative_decode
+from specref.core.errors import SpecrefError
+from specref.verification.laws import compare, law, target_law
+from specref.core.sampling import SamplingConfig, process
+from specref.verification.stats import detectable_tv, g_test, samples_needed
+from specref.core.step import draw, speculative_step
 from toy_models.ngram import NGramModel
-from toy_models.table import LogitTable, ProbTable
+from specref.verification.tables import LogitTable, ProbTable
 
 K = 2
 

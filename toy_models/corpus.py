@@ -28,7 +28,7 @@ import itertools
 
 import numpy as np
 
-from specref.errors import SpecrefError
+from specref.core.errors import SpecrefError
 
 __all__ = ["VOCAB", "WORDS", "PERIOD", "TOPICS", "corpus", "decode", "encode"]
 

@@ -7,7 +7,7 @@ logs (``-inf`` for probability 0).  With ``add_k = 0`` a context never seen in t
 corpus backs off to the next shorter context, down to the unigram, so every row is
 a distribution; with ``add_k > 0`` no backoff is needed.
 
-An ``NGramModel`` is a specref model both ways (see :mod:`specref.decode`):
+An ``NGramModel`` is a specref model both ways (see :mod:`specref.decoding.chain`):
 ``model(tokens)`` gives logits ``[len(tokens), V]`` (the float path), and
 ``model.exact`` is a view with ``probs(tokens)``, the same distributions as Fractions
 (the exact path: the decoders then compute in rationals).  Fitting is deterministic.
@@ -21,7 +21,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from specref.errors import SpecrefError, check_positive_int, check_tokens
+from specref.core.errors import SpecrefError, check_positive_int, check_tokens
 
 __all__ = ["NGramModel", "random_table_corpus"]
 

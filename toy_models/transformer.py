@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 from array_api_compat import device as array_device
 
-from specref.backend import namespace, to_numpy
-from specref.errors import SpecrefError, check_positive_int, check_tokens
+from specref.core.backend import namespace, to_numpy
+from specref.core.errors import SpecrefError, check_positive_int, check_tokens
 
 __all__ = [
     "TransformerConfig",

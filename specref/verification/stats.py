@@ -15,7 +15,7 @@ it draws ``N`` outputs and compares their counts with the exact distribution ``p
 :func:`compare_counts` runs the first two and states the verdict.
 
 Counts and probabilities are small host vectors and the tests use ``scipy.stats``,
-so everything here works on host NumPy copies (:func:`specref.backend.to_numpy`);
+so everything here works on host NumPy copies (:func:`specref.core.backend.to_numpy`);
 the arrays may come from any backend.
 """
 
@@ -28,8 +28,9 @@ import numpy as np
 from scipy import special as _special
 from scipy import stats as _sps
 
-from specref.backend import to_numpy
-from specref.errors import SpecrefError, check_positive_int, check_prob_rows, is_exact
+from specref.core.backend import to_numpy
+from specref.core.errors import SpecrefError, check_positive_int, check_prob_rows
+from specref.core.numbers import is_exact
 
 __all__ = [
     "GTestResult",

@@ -5,10 +5,10 @@ do_sample=True)``) accepts and resamples draft tokens in one private function,
 ``transformers.generation.utils._speculative_sampling`` -- Leviathan et al. 2022,
 Algorithm 1 (SPEC §3), written in PyTorch.  :func:`hf_speculative_step` puts that
 function behind specref's probability-level protocol, so that
-:func:`specref.oracle.check_step` can judge it in statistical mode (SPEC §6)::
+:func:`specref.verification.oracle.check_step` can judge it in statistical mode (SPEC §6)::
 
-    from specref.hf import hf_speculative_step
-    from specref.oracle import check_step
+    from specref.adapters.hf import hf_speculative_step
+    from specref.verification.oracle import check_step
     print(check_step(hf_speculative_step, mode="statistical"))
 
 Leviathan et al. notation: ``p`` is the target, ``q`` the draft.
@@ -56,7 +56,7 @@ inside :func:`torch.random.fork_rng`, which restores the caller's generator stat
 exit -- the global seeding is a necessity of wrapping this function, not a pattern
 to copy.  torch's CPU generator (mt19937) uses only the low 32 bits of a seed.
 
-torch and transformers are imported inside the functions, so ``import specref.hf``
+torch and transformers are imported inside the functions, so ``import specref.adapters.hf``
 works without them; calling the adapter without them raises ``ImportError`` naming
 the ``hf`` extra (``pip install 'specref[hf]'``).
 """
@@ -68,7 +68,7 @@ import re
 
 import numpy as np
 
-from specref.step import _check_step
+from specref.core.step import check_step_inputs
 
 __all__ = [
     "SUPPORTED_TRANSFORMERS",
@@ -101,14 +101,14 @@ def installed_versions() -> dict:
         import transformers
     except ImportError as e:
         raise ImportError(
-            f"specref.hf needs torch and transformers{supported_versions()} ({e}): {_EXTRA}"
+            f"specref.adapters.hf needs torch and transformers{supported_versions()} ({e}): {_EXTRA}"
         ) from e
     version = transformers.__version__
     match = re.match(r"(\d+)\.(\d+)", version)
     lowest, excluded = SUPPORTED_TRANSFORMERS
     if match is None or not lowest <= (int(match[1]), int(match[2])) < excluded:
         raise ImportError(
-            f"specref.hf supports transformers{supported_versions()}, found {version}: "
+            f"specref.adapters.hf supports transformers{supported_versions()}, found {version}: "
             f"_speculative_sampling is private and its signature changes between releases; {_EXTRA}"
         )
     return {"transformers": version, "torch": torch.__version__}
@@ -157,7 +157,7 @@ def hf_speculative_step(p_target, q_draft, draft_tokens, rng, *, dtype="float32"
 
     if isinstance(rng, bool) or not isinstance(rng, (int, np.integer)):
         raise TypeError(f"rng must be an integer seed (torch draws its own random numbers), got {rng!r}")
-    p_target, q_draft, tokens = _check_step(p_target, q_draft, draft_tokens)
+    p_target, q_draft, tokens = check_step_inputs(p_target, q_draft, draft_tokens)
     K = q_draft.shape[0]
     kwargs = {}
     if "is_done_candidate" in params:  # 4.40 - 5.17: the loop's stop rule, not the step's

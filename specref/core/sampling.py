@@ -35,8 +35,9 @@ from numbers import Real
 
 import numpy as np
 
-from specref.backend import namespace, to_numpy
-from specref.errors import SpecrefError, check_prob_rows, is_exact
+from specref.core.backend import namespace, to_numpy
+from specref.core.errors import SpecrefError, check_prob_rows
+from specref.core.numbers import is_exact
 
 __all__ = ["SamplingConfig", "process", "process_probs", "GREEDY"]
 

@@ -26,7 +26,7 @@ import math
 import numbers
 from fractions import Fraction
 
-from specref.errors import SpecrefError, check_positive_int
+from specref.core.errors import SpecrefError, check_positive_int
 
 __all__ = [
     "expected_tokens",

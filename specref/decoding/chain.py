@@ -8,7 +8,7 @@ A **model** is either
   object array of ``Fraction`` (an exact model; ``toy_models.ngram`` has one).  When a
   model has ``probs``, it is used.
 
-Both loops apply the same :class:`~specref.sampling.SamplingConfig` to draft and target.
+Both loops apply the same :class:`~specref.core.sampling.SamplingConfig` to draft and target.
 When one side is exact and the other float, the exact rows are converted to float64.
 
 Generation ends at ``max_new_tokens`` or right after a stop token (which is emitted).
@@ -19,7 +19,7 @@ sequence is correctly distributed, so truncation keeps the output exact.
 Each iteration is also exposed as ``iteration(state, rng) -> (block, next_state)``
 (:func:`speculative_transition`, :func:`target_transition`) where ``state`` is the
 tuple of tokens generated so far and ``next_state`` is ``None`` once generation has
-ended: :func:`specref.exact.law_iterated` enumerates decoders one iteration at a time.
+ended: :func:`specref.verification.laws.law_iterated` enumerates decoders one iteration at a time.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specref.errors import SpecrefError, check_positive_int, check_tokens, is_exact
-from specref.sampling import SamplingConfig, process, process_probs
-from specref.step import draw, speculative_step
+from specref.core.errors import SpecrefError, check_positive_int, check_tokens
+from specref.core.numbers import same_kind
+from specref.core.sampling import SamplingConfig, process, process_probs
+from specref.core.step import draw, speculative_step
 
 __all__ = [
     "DecodeResult",
@@ -161,10 +162,9 @@ def _speculative_block(target_rows, draft_rows, tokens, k, rng, step) -> _Block:
         raise SpecrefError(
             f"vocabulary mismatch: target gives V={p_target.shape[1]}, draft gives V={q_draft.shape[1]}"
         )
-    if is_exact(p_target) != is_exact(q_draft):  # one exact side, one float: compare in float64
-        p_target, q_draft = p_target.astype(np.float64), q_draft.astype(np.float64)
-    # 3.-4. accept until the first rejection; then residual or bonus (specref.step)
-    if step is None:  # the reference; its rows come from specref.sampling, valid by construction
+    p_target, q_draft = same_kind(p_target, q_draft)
+    # 3.-4. accept until the first rejection; then residual or bonus (specref.core.step)
+    if step is None:  # the reference; its rows come from specref.core.sampling, valid by construction
         emitted = speculative_step(p_target, q_draft, drafted, rng, check=False)
     else:
         emitted = list(step(p_target, q_draft, drafted, rng))
@@ -237,7 +237,7 @@ def speculative_decode(
     """Speculative decoding: repeat {draft K; one target call; accept until the first rejection}.
 
     ``step(p_target, q_draft, draft_tokens, rng)`` replaces the reference
-    :func:`specref.step.speculative_step` when given.
+    :func:`specref.core.step.speculative_step` when given.
     """
     k = check_positive_int("k", k)
     _check_rng(rng)

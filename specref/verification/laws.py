@@ -38,9 +38,9 @@ from typing import Any, Callable, Hashable, Mapping
 
 import numpy as np
 
-from specref.backend import to_numpy
-from specref.decode import next_token_probs  # the query the decoders make; exact sits above decode
-from specref.errors import FLOAT_ROW_TOL, SpecrefError, check_positive_int, check_tokens
+from specref.core.backend import to_numpy
+from specref.decoding.chain import next_token_probs  # the query the decoders make; exact sits above decode
+from specref.core.errors import FLOAT_ROW_TOL, SpecrefError, check_positive_int, check_tokens
 
 __all__ = [
     "DEFAULT_MAX_PATHS",
@@ -616,7 +616,7 @@ def law_iterated(
 def target_law(model, prompt, config, max_new_tokens: int, stop_tokens=()) -> Law:
     """The target sampler's law as a product of conditionals over the tree of prefixes.
 
-    For every prefix, the next-token row is ``specref.decode.next_token_probs(model,
+    For every prefix, the next-token row is ``specref.decoding.chain.next_token_probs(model,
     prompt + prefix, config)`` -- the same query the decoders make.  A generated stop
     token ends its sequence (and is part of it); so does reaching ``max_new_tokens``.
     Tokens with probability 0 open no branch.  No rng and no enumeration: this is the

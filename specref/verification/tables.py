@@ -6,7 +6,7 @@ a context that is not rolled back after a rejection (needs ``h >= 2``: with a bi
 the correction token alone fixes the next row).  A table of shape ``[V] * (h + 1)``
 holds, at ``table[x_1, ..., x_h]``, the row used after the tokens ``x_1 .. x_h``; a
 prefix shorter than ``h`` is left-padded with token 0.  The oracle's cases and
-``specref.strategies`` are built from such tables.
+``specref.verification.strategies`` are built from such tables.
 
 - :class:`LogitTable` is a plain specref model: ``model(tokens) -> logits [len, V]``.
 - :class:`ProbTable` is an exact-capable model: ``model.probs(tokens) -> [len, V]``
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specref.errors import SpecrefError, check_prob_rows, check_tokens, is_exact
+from specref.core.errors import SpecrefError, check_prob_rows, check_tokens
+from specref.core.numbers import is_exact
 
 __all__ = ["LogitTable", "ProbTable"]
 

@@ -23,10 +23,10 @@ positions after a rejection or a context that is not rolled back.
 Modes:
 
 - ``"exact"``: the implementation draws all its randomness from the ``rng`` it is
-  handed; specref enumerates every path (:mod:`specref.exact`) and computes the total
+  handed; specref enumerates every path (:mod:`specref.verification.laws`) and computes the total
   variation to the target law exactly.  It fails when TV > ``tolerance`` (1e-9).
 - ``"statistical"``: the implementation uses its own randomness and ``rng`` is an
-  integer seed; specref draws N samples (planned by :func:`specref.stats.samples_needed`
+  integer seed; specref draws N samples (planned by :func:`specref.verification.stats.samples_needed`
   to detect TV >= ``detect_tv`` with power 0.9 at ``alpha``), runs a pooled G-test,
   and reports N, the p-value and a TV interval.
 
@@ -45,13 +45,13 @@ from fractions import Fraction
 
 import numpy as np
 
-from specref.decode import next_token_probs
-from specref.errors import SpecrefError, check_positive_int
-from specref.exact import LazyUniformError, compare, law, target_law
-from specref.sampling import SamplingConfig
-from specref.stats import compare_counts, samples_needed
-from specref.step import draw
-from toy_models.table import LogitTable, ProbTable
+from specref.decoding.chain import next_token_probs
+from specref.core.errors import SpecrefError, check_positive_int
+from specref.verification.laws import LazyUniformError, compare, law, target_law
+from specref.core.sampling import SamplingConfig
+from specref.verification.stats import compare_counts, samples_needed
+from specref.core.step import draw
+from specref.verification.tables import LogitTable, ProbTable
 
 __all__ = [
     "Case",
@@ -75,7 +75,7 @@ OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
 
 @dataclass(frozen=True)
 class Case:
-    """One input: table models (:mod:`toy_models.table`) for target and draft, and settings.
+    """One input: table models (:mod:`specref.verification.tables`) for target and draft, and settings.
 
     A table of shape ``[V] * (h + 1)`` holds at ``table[x_1..x_h]`` the row used after
     the tokens ``x_1..x_h`` (``[V, V]``: a bigram).  ``tables`` says what they hold:
@@ -129,12 +129,12 @@ def _frac_table(rows):
 
 def default_cases(level: str, *, drawn: int = 4) -> list[Case]:
     """The fixed edge cases of SPEC §3, seeded random cases, and ``drawn`` cases drawn
-    (with a fixed seed) from :mod:`specref.strategies`, for one protocol level."""
+    (with a fixed seed) from :mod:`specref.verification.strategies`, for one protocol level."""
     return fixed_cases(level) + (strategy_cases(level, drawn) if drawn else [])
 
 
 def strategy_cases(level: str, n: int, *, seed: int = 20261129) -> list[Case]:
-    """``n`` cases drawn from ``specref.strategies.table_model_pairs`` (V = 3), deterministic in ``seed``.
+    """``n`` cases drawn from ``specref.verification.strategies.table_model_pairs`` (V = 3), deterministic in ``seed``.
 
     Relations between target and draft include identical, independent, disjoint
     (every draft token rejected) and near-equal rows; logits cases also draw a
@@ -144,7 +144,7 @@ def strategy_cases(level: str, n: int, *, seed: int = 20261129) -> list[Case]:
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
 
-    from specref import strategies
+    from specref.verification import strategies
 
     if level not in ("step", "logits", "decoder"):
         raise SpecrefError(f"level must be 'step', 'logits' or 'decoder', got {level!r}")
@@ -396,7 +396,7 @@ def _check(level, fn, mode, cases, samples, seed, alpha, detect_tv, tolerance, t
 
 def _check_case(level, case):
     if not isinstance(case, Case):
-        raise SpecrefError(f"cases must hold specref.oracle.Case objects, got {case!r}")
+        raise SpecrefError(f"cases must hold specref.verification.oracle.Case objects, got {case!r}")
     want = "logits" if level == "logits" else ("probs" if level == "step" else None)
     if want and case.tables != want:
         raise SpecrefError(f"case {case.name!r} has tables={case.tables!r}; the {level} level needs {want!r}")

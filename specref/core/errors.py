@@ -12,13 +12,15 @@ from fractions import Fraction
 
 import numpy as np
 
+from specref.core.backend import to_numpy
+from specref.core.numbers import is_exact
+
 __all__ = [
     "SpecrefError",
     "FLOAT_ROW_TOL",
     "check_prob_rows",
     "check_tokens",
     "check_positive_int",
-    "is_exact",
 ]
 
 FLOAT_ROW_TOL = 1e-9  # a float probability row must sum to 1 within this
@@ -31,11 +33,6 @@ class SpecrefError(ValueError):
 def _show(value, limit: int = 120) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def is_exact(rows) -> bool:
-    """True for NumPy object arrays (of ``Fraction``): arithmetic on them is exact."""
-    return isinstance(rows, np.ndarray) and rows.dtype == object
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
@@ -77,8 +74,6 @@ def check_prob_rows(name: str, rows, *, shape: tuple | None = None):
             if total != 1:
                 raise SpecrefError(f"{name} row {i} sums to {total}, not exactly 1")
         return rows
-    from specref.backend import to_numpy
-
     host = to_numpy(rows)
     if host.dtype.kind not in "fiu":
         raise SpecrefError(f"{name} must hold real numbers, got dtype {host.dtype}")

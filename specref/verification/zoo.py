@@ -14,23 +14,23 @@ Protocol levels (the shapes the oracle drives):
 
 - ``"step"``: ``fn(p_target [K+1, V], q_draft [K, V], draft_tokens [K], rng) -> 1..K+1 tokens``;
   rows are float64 or object arrays of ``Fraction``.  The reference is
-  :func:`specref.step.speculative_step`.
+  :func:`specref.core.step.speculative_step`.
 - ``"logits"``: ``fn(target_logits [K+1, V], draft_logits [K, V], draft_tokens [K], config, rng)``;
-  the function applies the sampling rules (:class:`~specref.sampling.SamplingConfig`)
+  the function applies the sampling rules (:class:`~specref.core.sampling.SamplingConfig`)
   itself, which is where processor bugs live.  The draft tokens it receives were
-  drawn from ``specref.sampling.process(draft_logits, config)``.
+  drawn from ``specref.core.sampling.process(draft_logits, config)``.
 - ``"decoder"``: ``fn(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng)
-  -> list[int]``, models as in :mod:`specref.decode`.  Decoders reuse
-  :mod:`specref.decode`; only the entries whose bug lives in the loop have a loop here.
+  -> list[int]``, models as in :mod:`specref.decoding.chain`.  Decoders reuse
+  :mod:`specref.decoding.chain`; only the entries whose bug lives in the loop have a loop here.
 
 Modes: ``"exact"`` -- all randomness comes from the ``rng`` passed in, through
 ``rng.random()`` (compared with thresholds only) and ``rng.choice(n, p=...)``, so
-:func:`specref.exact.law` can enumerate it; ``"statistical"`` -- ``rng`` is an
+:func:`specref.verification.laws.law` can enumerate it; ``"statistical"`` -- ``rng`` is an
 integer seed and the function draws its own random numbers.  Every entry that
 supports exact mode also takes an integer seed (it then draws from
 ``numpy.random.default_rng(seed)``), so each one can be sampled as a black box too.
 
-The catalogue (``python -c "import specref.zoo as z; [print(e) for e in z.entries()]"``):
+The catalogue (``python -c "import specref.verification.zoo as z; [print(e) for e in z.entries()]"``):
 
 ====  ==========================  =======  ======================================================
 §7    name                        level    what is wrong
@@ -55,7 +55,7 @@ The catalogue (``python -c "import specref.zoo as z; [print(e) for e in z.entrie
 12    kv_cache_not_rolled_back    decoder  the context keeps discarded draft tokens
 -     typical_acceptance          step     (approximate) Medusa typical acceptance
 -     lenience                    step     (approximate) accept with min(1, p / (l q)), l = 0.5
--     reference                   step     (correct) specref.step.speculative_step
+-     reference                   step     (correct) specref.core.step.speculative_step
 -     exponential_race            step     (correct, statistical) argmax(w / E) recovery
 ====  ==========================  =======  ======================================================
 
@@ -81,11 +81,12 @@ from typing import Callable
 
 import numpy as np
 
-from specref.backend import to_numpy
-from specref.decode import model_rows, next_token_probs, speculative_block, speculative_decode
-from specref.errors import SpecrefError, check_positive_int, is_exact
-from specref.sampling import SamplingConfig, process, process_probs
-from specref.step import RESIDUAL_TOL, draw, speculative_step
+from specref.core.backend import to_numpy
+from specref.decoding.chain import model_rows, next_token_probs, speculative_block, speculative_decode
+from specref.core.errors import SpecrefError, check_positive_int
+from specref.core.numbers import is_exact, same_kind
+from specref.core.sampling import SamplingConfig, process, process_probs
+from specref.core.step import correction_row, draw, speculative_step
 
 __all__ = [
     "ZooEntry",
@@ -174,19 +175,7 @@ def _rng(rng):
 
 def _rows(p_target, q_draft):
     """Host copies of the rows; one exact and one float side are compared in float64."""
-    p, q = to_numpy(p_target), to_numpy(q_draft)
-    if is_exact(p) != is_exact(q):
-        p, q = p.astype(np.float64), q.astype(np.float64)
-    return p, q
-
-
-def _residual(p, q):
-    """The correct residual ``max(0, p - q) / sum``; ``p`` itself when that mass is 0 or rounding noise."""
-    diff = np.maximum(p - q, 0 * p)
-    mass = diff.sum()
-    if mass == 0 or (not is_exact(p) and mass <= RESIDUAL_TOL):
-        return p
-    return diff / mass
+    return same_kind(to_numpy(p_target), to_numpy(q_draft))
 
 
 def _inverse_cdf(rng, weights) -> int:
@@ -206,7 +195,7 @@ def _accept(rng, p, q, i, x) -> bool:  # P(accept) = min(1, p_i(x) / q_i(x))
 
 
 def _correct(rng, p, q, i, x) -> int:  # the residual norm(max(0, p_i - q_i))
-    return draw(rng, _residual(p[i], q[i]))
+    return draw(rng, correction_row(p[i], q[i]))
 
 
 def _bonus(rng, p, q) -> int:  # the bonus row is p_target[K]
@@ -237,12 +226,12 @@ def _step_loop(p_target, q_draft, draft_tokens, rng, *, accept=_accept, correct=
 
 
 def reference(p_target, q_draft, draft_tokens, rng) -> list[int]:
-    """:func:`specref.step.speculative_step`, also taking an integer seed (statistical mode)."""
+    """:func:`specref.core.step.speculative_step`, also taking an integer seed (statistical mode)."""
     return speculative_step(p_target, q_draft, draft_tokens, _rng(rng))
 
 
 def exponential_race(p_target, q_draft, draft_tokens, rng) -> list[int]:
-    """Speculative step written independently of :mod:`specref.step` (statistical mode only).
+    """Speculative step written independently of :mod:`specref.core.step` (statistical mode only).
 
     ``rng`` is an integer seed; the step draws from its own ``np.random.default_rng(seed)``.
     Acceptance is the usual ``u < p(x)/q(x)`` (written ``u q(x) < p(x)``).  The token
@@ -398,7 +387,7 @@ def off_by_one_rows(p_target, q_draft, draft_tokens, rng) -> list[int]:
     return _step_loop(
         p_target, q_draft, draft_tokens, rng,
         accept=lambda rng, p, q, i, x: rng.random() < p[i + 1, x] / q[i, x],
-        correct=lambda rng, p, q, i, x: draw(rng, _residual(p[i + 1], q[i])),
+        correct=lambda rng, p, q, i, x: draw(rng, correction_row(p[i + 1], q[i])),
     )
 
 
@@ -539,8 +528,7 @@ def kv_cache_not_rolled_back(target, draft, prompt, *, k, config, max_new_tokens
         # 2. one target call over the cache + the k drafted tokens
         p_target = model_rows(target, cache + drafted, k + 1, config, name="target")  # [K+1, V]
         q_draft = np.stack(q_rows)  # [K, V]
-        if is_exact(p_target) != is_exact(q_draft):
-            p_target, q_draft = p_target.astype(np.float64), q_draft.astype(np.float64)
+        p_target, q_draft = same_kind(p_target, q_draft)
         # 3.-4. the reference step
         emitted = speculative_step(p_target, q_draft, drafted, rng, check=False)
         # BUG (§7.12): the cache should become cache + emitted (drop the k + 1 - len(emitted)
@@ -565,7 +553,7 @@ def _entries() -> list[ZooEntry]:
     return [
         # correct
         E("reference", "step", reference, "correct", None,
-          "specref.step.speculative_step: accept min(1, p/q), residual max(0, p-q), bonus p_{K+1}"),
+          "specref.core.step.speculative_step: accept min(1, p/q), residual max(0, p-q), bonus p_{K+1}"),
         E("exponential_race", "step", exponential_race, "correct", None,
           "independent step; residual and bonus drawn by argmax(w / E), E ~ Exp(1) (as some engines do)",
           modes=stat),

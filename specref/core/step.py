@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from specref.backend import to_numpy
-from specref.errors import SpecrefError, check_prob_rows, check_tokens, is_exact
+from specref.core.backend import to_numpy
+from specref.core.errors import SpecrefError, check_prob_rows, check_tokens
+from specref.core.numbers import is_exact
 
 __all__ = [
     "speculative_step",
@@ -32,6 +33,8 @@ __all__ = [
     "residual_mass",
     "residual",
     "RESIDUAL_TOL",
+    "correction_row",
+    "check_step_inputs",
     "draw",
 ]
 
@@ -68,7 +71,7 @@ def residual(p, q):
     undefined (0/0).
     """
     p, q = _pair(p, q)
-    r = _residual_or_none(p, q, _exact=is_exact(p))
+    r = _residual_or_none(p, q)
     if r is None:
         raise SpecrefError(
             f"residual undefined: its mass sum max(0, p - q) = {residual_mass(p, q)!r} is "
@@ -96,13 +99,12 @@ def speculative_step(p_target, q_draft, draft_tokens, rng, *, check: bool = True
       correction draws from ``p_i`` instead of dividing by ~0.
     - rejection at position 1 emits one token; all K accepted emit K+1 (the bonus
       from ``p_target[K]``); K = 1 is the same algorithm with one draft token.
-    Set ``check=False`` only when the rows come from :mod:`specref.sampling` already.
+    Set ``check=False`` only when the rows come from :mod:`specref.core.sampling` already.
     """
     if check:
-        p_target, q_draft, draft_tokens = _check_step(p_target, q_draft, draft_tokens)
+        p_target, q_draft, draft_tokens = check_step_inputs(p_target, q_draft, draft_tokens)
     else:
         p_target, q_draft = to_numpy(p_target), to_numpy(q_draft)
-    exact = is_exact(p_target)
     K, V = q_draft.shape
     emitted: list[int] = []
     # 3. accept x_1..x_K in order, until the first rejection
@@ -113,8 +115,7 @@ def speculative_step(p_target, q_draft, draft_tokens, rng, *, check: bool = True
             emitted.append(x)
             continue
         # 4a. rejected: draw the correction from the residual; later draft tokens are discarded
-        r = _residual_or_none(p_target[i], q_draft[i], _exact=exact)
-        emitted.append(draw(rng, p_target[i] if r is None else r))
+        emitted.append(draw(rng, correction_row(p_target[i], q_draft[i])))
         return emitted
     # 4b. all K accepted: the bonus token comes from the (K+1)-th target row
     emitted.append(draw(rng, p_target[K]))
@@ -133,11 +134,21 @@ def draw(rng, probs) -> int:
     return int(rng.choice(probs.shape[0], p=probs))
 
 
-def _residual_or_none(p, q, *, _exact: bool):
+def correction_row(p, q):
+    """The row a rejected position draws its correction from.  ``[V], [V] -> [V]``
+
+    The normalised residual ``max(0, p - q) / sum``; ``p`` itself when that mass is 0
+    or, for float rows, at most ``RESIDUAL_TOL`` (a rejection only rounding made possible).
+    """
+    r = _residual_or_none(p, q)
+    return p if r is None else r
+
+
+def _residual_or_none(p, q):
     """Normalised residual, or None when its mass is 0 / rounding noise."""
     diff = np.maximum(p - q, 0 * p)
     mass = diff.sum()
-    if mass == 0 or (not _exact and mass <= RESIDUAL_TOL):
+    if mass == 0 or (not is_exact(p) and mass <= RESIDUAL_TOL):
         return None
     return diff / mass
 
@@ -155,7 +166,12 @@ def _pair(p, q):
     return p, q
 
 
-def _check_step(p_target, q_draft, draft_tokens):
+def check_step_inputs(p_target, q_draft, draft_tokens):
+    """Validated host rows ``(p_target [K+1, V], q_draft [K, V], tokens [K])`` for one step.
+
+    Float rows come back as float64.  Both sides must be of one kind (the loops
+    make them so with :func:`specref.core.numbers.same_kind`).
+    """
     q_draft = to_numpy(q_draft)
     p_target = to_numpy(p_target)
     if getattr(q_draft, "ndim", None) != 2 or q_draft.shape[0] < 1:

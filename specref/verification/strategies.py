@@ -3,11 +3,11 @@
 Other projects import these, the way they import ``hypothesis.extra.numpy``::
 
     from hypothesis import given
-    from specref.strategies import step_inputs
+    from specref.verification.strategies import step_inputs
 
     @given(step_inputs(exact=True))
     def test_my_step_has_the_law_of_specref(step):
-        ...  # compare my_step(*step, rng) with specref.step.speculative_step
+        ...  # compare my_step(*step, rng) with specref.core.step.speculative_step
 
 What they draw, and why (SPEC §3 "edge cases that must be defined and tested", §9):
 
@@ -17,12 +17,12 @@ What they draw, and why (SPEC §3 "edge cases that must be defined and tested", 
 - :func:`distribution_pairs`: ``(p, q)`` with ``p == q``, zeros of ``q`` where
   ``p > 0`` and the other way round, disjoint supports, near-equal rows;
 - :func:`logits`: float64 logit rows with ties, large offsets and ``-inf`` masks;
-- :func:`sampling_configs`: :class:`~specref.sampling.SamplingConfig` s (greedy,
+- :func:`sampling_configs`: :class:`~specref.core.sampling.SamplingConfig` s (greedy,
   temperature, top-k, top-p, min-p), exact ones with ``Fraction`` thresholds;
-- :func:`step_inputs`: valid inputs of :func:`specref.step.speculative_step`, with
+- :func:`step_inputs`: valid inputs of :func:`specref.core.step.speculative_step`, with
   forced edge cases (``p = q``, ``p(x_1) = 0``, draft rows with zeros, all-accept);
 - :func:`table_models` and :func:`table_model_pairs`: bigram
-  :class:`~toy_models.table.ProbTable` / :class:`~toy_models.table.LogitTable`
+  :class:`~specref.verification.tables.ProbTable` / :class:`~specref.verification.tables.LogitTable`
   models, and (target, draft) pairs that are identical, near-equal or always reject.
 
 Conventions are specref's: float rows are float64 summing to 1 within 1e-12; exact
@@ -46,8 +46,8 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from specref.sampling import SamplingConfig
-from toy_models.table import LogitTable, ProbTable
+from specref.core.sampling import SamplingConfig
+from specref.verification.tables import LogitTable, ProbTable
 
 __all__ = [
     "SHAPES",
@@ -79,7 +79,7 @@ _PEAKS = (99, 999, 10**6, 10**9)  # peak weight / rest weight: the peak holds M/
 
 
 class StepInput(NamedTuple):
-    """One valid input of :func:`specref.step.speculative_step`; unpacks as a tuple.
+    """One valid input of :func:`specref.core.step.speculative_step`; unpacks as a tuple.
 
     ``speculative_step(*step, rng)`` runs it.  ``q_draft[i, draft_tokens[i]] > 0``.
     """
@@ -267,7 +267,7 @@ def distributions(
 
     Where the mass sits is drawn too, so ties and peaks fall on any token id.
 
-    >>> from specref.strategies import distributions
+    >>> from specref.verification.strategies import distributions
     >>> distributions(vocab_size=4).example()  # doctest: +SKIP
     array([0.24324324, 0.27027027, 0.24324324, 0.24324324])
     >>> distributions(vocab_size=3, exact=True, shapes=["peaked"]).example()  # doctest: +SKIP
@@ -357,7 +357,7 @@ def distribution_pairs(
       On one token only ``p == q == [1]`` exists, so every relation gives that.
     * ``vocab_size``, ``exact``: as in :func:`distributions`.
 
-    >>> from specref.strategies import distribution_pairs
+    >>> from specref.verification.strategies import distribution_pairs
     >>> distribution_pairs(vocab_size=3, exact=True).example()  # doctest: +SKIP
     (array([Fraction(3, 7), Fraction(0, 1), Fraction(4, 7)], dtype=object),
      array([Fraction(0, 1), Fraction(1, 1), Fraction(0, 1)], dtype=object))
@@ -414,7 +414,7 @@ def logits(
     constant offset (0, +-1e3, 1e5) is added at times, and with ``allow_neg_inf``
     some (never all) entries are masked to ``-inf``.
 
-    >>> from specref.strategies import logits
+    >>> from specref.verification.strategies import logits
     >>> logits(vocab_size=4).example()  # doctest: +SKIP
     array([  -inf, -998.5,   -inf, -948.5])
     """
@@ -431,11 +431,11 @@ def sampling_configs(
     allow_greedy: bool = True,
     exact: bool = False,
 ) -> st.SearchStrategy[SamplingConfig]:
-    """:class:`~specref.sampling.SamplingConfig` s for rows of ``vocab_size`` tokens.
+    """:class:`~specref.core.sampling.SamplingConfig` s for rows of ``vocab_size`` tokens.
 
     * temperature: 0 (greedy, if ``allow_greedy``), 1/2, 0.7, 1, 1.5, 2; with
       ``exact`` a ``Fraction`` whose inverse is an integer (0, 1, 1/2, 1/3), the only
-      temperatures :func:`specref.sampling.process_probs` keeps rational;
+      temperatures :func:`specref.core.sampling.process_probs` keeps rational;
     * top_k: None or 1..``vocab_size``;
     * top_p: 1 (off) or a value in (0, 1];
     * min_p: 0 (off) or a value in [0, 1).
@@ -444,7 +444,7 @@ def sampling_configs(
     denominators, so that a cumulative mass often lands exactly on ``top_p``), and
     processing ``Fraction`` rows with the config stays exact.
 
-    >>> from specref.strategies import sampling_configs
+    >>> from specref.verification.strategies import sampling_configs
     >>> sampling_configs(vocab_size=4).example()  # doctest: +SKIP
     SamplingConfig(temperature=0.7, top_k=2, top_p=0.1, min_p=0.0)
     >>> sampling_configs(exact=True).example()  # doctest: +SKIP
@@ -535,7 +535,7 @@ def step_inputs(
     exact: bool = False,
 ) -> st.SearchStrategy[StepInput]:
     """A :class:`StepInput` ``(p_target [K+1, V], q_draft [K, V], draft_tokens [K])``
-    that :func:`specref.step.speculative_step` accepts.
+    that :func:`specref.core.step.speculative_step` accepts.
 
     Each draft token is drawn from the support of its draft row.  One case is drawn
     for the whole input:
@@ -551,8 +551,8 @@ def step_inputs(
 
     * ``k``, ``vocab_size``: ints or strategies (default 1..4 and 2..8).
 
-    >>> from specref.strategies import step_inputs
-    >>> from specref.step import speculative_step
+    >>> from specref.verification.strategies import step_inputs
+    >>> from specref.core.step import speculative_step
     >>> import numpy as np
     >>> step = step_inputs(k=2, vocab_size=3).example()
     >>> step.p_target.shape, step.q_draft.shape, step.draft_tokens.shape
@@ -597,12 +597,12 @@ def table_models(
 ) -> st.SearchStrategy[ProbTable | LogitTable]:
     """A bigram model: ``table[x]`` is the next-token row after token ``x``.
 
-    ``kind="probs"`` gives a :class:`~toy_models.table.ProbTable` whose ``[V, V]``
+    ``kind="probs"`` gives a :class:`~specref.verification.tables.ProbTable` whose ``[V, V]``
     rows are :func:`distributions` rows (``Fraction`` when ``exact``);
-    ``kind="logits"`` a :class:`~toy_models.table.LogitTable` of :func:`logits`
+    ``kind="logits"`` a :class:`~specref.verification.tables.LogitTable` of :func:`logits`
     rows (float only).
 
-    >>> from specref.strategies import table_models
+    >>> from specref.verification.strategies import table_models
     >>> table_models(vocab_size=3, exact=True).example()  # doctest: +SKIP
     ProbTable(V=3, exact=True)
     >>> table_models(vocab_size=2, kind="logits").example().table  # doctest: +SKIP
@@ -652,7 +652,7 @@ def table_model_pairs(
       - ``"near"``: rows within a near-tie gap or rounding of each other;
       - ``"mixed"``: each row pair with its own relation of :data:`RELATIONS`.
 
-    >>> from specref.strategies import table_model_pairs
+    >>> from specref.verification.strategies import table_model_pairs
     >>> target, draft = table_model_pairs(vocab_size=3, exact=True).example()
     >>> target.vocab_size == draft.vocab_size == 3
     True

@@ -37,15 +37,15 @@ from typing import NamedTuple
 import numpy as np
 from array_api_compat import device as _device
 
-from specref.backend import namespace, to_numpy
-from specref.errors import (
+from specref.core.backend import namespace, to_numpy
+from specref.core.errors import (
     SpecrefError,
     check_positive_int,
     check_prob_rows,
     check_tokens,
-    is_exact,
 )
-from specref.step import RESIDUAL_TOL
+from specref.core.numbers import is_exact
+from specref.core.step import RESIDUAL_TOL
 
 __all__ = [
     "RESIDUAL_MASS_TOL",
@@ -55,7 +55,7 @@ __all__ = [
     "first_token_frequencies",
 ]
 
-# residual mass at or below this: the rejection came from rounding; sample p_i (the rule of specref.step)
+# residual mass at or below this: the rejection came from rounding; sample p_i (the rule of specref.core.step)
 RESIDUAL_MASS_TOL = RESIDUAL_TOL
 _CHUNK = 1 << 20  # steps per batch in first_token_frequencies (bounds memory, ~200 MB at K = 4)
 
@@ -232,7 +232,7 @@ def first_token_frequencies(p_target, q_draft, n: int, rng) -> FirstTokenFrequen
     token with law exactly ``p_1 = p_target[0]`` (SPEC §3), so every frequency should lie
     within a few standard errors ``sqrt(p_1 (1 - p_1) / n)`` of ``p_1``; ``max_abs_z`` is
     the largest deviation in standard errors.  For a formal test feed ``counts`` to
-    :func:`specref.stats.g_test`.
+    :func:`specref.verification.stats.g_test`.
     """
     n = check_positive_int("n", n)
     xp = namespace(p_target, q_draft)
