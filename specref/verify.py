@@ -42,6 +42,7 @@ from specref.core.errors import SpecrefError
 from specref.verification.laws import compare, law_iterated, target_law
 from specref.core.sampling import GREEDY, SamplingConfig
 from specref.core.step import accepted_mass, acceptance_rate, residual, residual_mass
+from specref.verification.oracle import LEVELS
 
 FLOAT_TOL = 1e-12  # a correct float scenario: TV <= this
 DETECT_TOL = 1e-9  # a negative control is detected when TV > this
@@ -282,7 +283,7 @@ def transformer_pair(*, rollback: bool = True):
 
 
 def transformer_scenarios() -> list[Scenario]:
-    """Tiny transformers through the same matrix (issue 5), and a KV cache that is not rolled back."""
+    """Tiny transformers through the same matrix and a KV cache that is not rolled back."""
     scenarios = []
     for k, config, n, quick in [(2, SamplingConfig(), 3, True), (3, SamplingConfig(temperature=1.5, top_p=0.9), 3, False),
                                 (4, SamplingConfig(temperature=1.2, top_k=3, min_p=0.05), 4, False)]:
@@ -351,10 +352,8 @@ def controls() -> list[Scenario]:
                     f"{kind} {entry.name} ({label}) table2-V3 {name} K=2 n=3", target, draft, [0], k=2,
                     config=config, max_new_tokens=3, key=ngram_key(2, [0]), step=entry.fn, kind=kind, quick=quick,
                 ))
-        check = {"step": oracle.check_step, "logits": oracle.check_logits_step, "decoder": oracle.check_decoder}[entry.level]
-
-        def run(check=check, entry=entry):
-            report = check(entry.fn, mode="exact", cases=control_cases(entry.level))
+        def run(entry=entry):
+            report = oracle.check(entry.level, entry.fn, mode="exact", cases=control_cases(entry.level))
             bad = [r for r in report.results if not r.ok]
             return {"tv": report.worst_tv, "n_outputs": None, "paths": None,
                     "detail": "; ".join(f"{r.case.name}: {r.status}" for r in bad[:2])}
@@ -432,8 +431,7 @@ def check_outside(spec: str, level: str, mode: str, samples: int | None) -> int:
     except (ImportError, AttributeError) as e:
         print(f"cannot load {spec!r}: {e}", file=sys.stderr)
         return 2
-    check = {"step": oracle.check_step, "logits": oracle.check_logits_step, "decoder": oracle.check_decoder}[level]
-    report = check(fn, mode=mode, samples=samples)
+    report = oracle.check(level, fn, mode=mode, samples=samples)
     print(report)
     return 0 if report.ok else 1
 
@@ -445,7 +443,8 @@ def main(argv=None) -> int:
     ap.add_argument("--scenario", metavar="NAME", help="only scenarios whose name contains NAME")
     ap.add_argument("--no-progress", action="store_true", help="no [i/N] counters")
     ap.add_argument("--impl", metavar="MODULE:FUNCTION", help="check an outside implementation with the oracle")
-    ap.add_argument("--level", choices=["step", "logits", "decoder"], default="step")
+    ap.add_argument("--level", choices=list(LEVELS), default="step",
+                    help="; ".join(f"{name}: {lv.signature}" for name, lv in LEVELS.items()))
     ap.add_argument("--mode", choices=["exact", "statistical"], default="exact")
     ap.add_argument("--samples", type=int, help="statistical mode: N (default: planned)")
     args = ap.parse_args(argv)

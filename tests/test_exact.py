@@ -15,7 +15,7 @@ import pytest
 from specref.decoding.chain import sample_target, speculative_decode, speculative_transition, target_transition
 from specref.core.errors import SpecrefError
 from specref.verification.laws import (
-    Comparison,
+    LawComparison,
     LazyUniform,
     LazyUniformError,
     Law,
@@ -485,7 +485,7 @@ def test_compare_reports_tv_max_diff_and_worst_outputs():
     a = {"x": F(1, 2), "y": F(1, 2)}
     b = {"x": F(1, 4), "y": F(1, 4), "z": F(1, 2)}
     c = compare(a, b, top=2)
-    assert isinstance(c, Comparison)
+    assert isinstance(c, LawComparison)
     assert c.tv == F(1, 2) and c.max_diff == F(1, 2) and c.n_outputs == 3 and c.exact
     assert c.worst[0] == ("z", 0, F(1, 2)) and len(c.worst) == 2
     f = compare({"x": 0.5, "y": 0.5}, {"x": 0.5, "y": 0.5})

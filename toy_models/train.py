@@ -297,7 +297,7 @@ def _probs(params, config, x):  # [B, T] -> [B, T, V] float64 softmax at T = 1
 
 
 def acceptance(p_target, q_draft) -> float:
-    """Mean per-position α = Σ_x min(p(x), q(x)) (SPEC.md §8), sampling at T = 1."""
+    """Mean per-position α = Σ_x min(p(x), q(x)) (SPEC §8), sampling at T = 1."""
     return float(np.minimum(p_target, q_draft).sum(-1).mean())
 
 

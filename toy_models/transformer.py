@@ -5,7 +5,7 @@ dict's keys are the functions' argument names, so the checkpoint tree *is* the
 call graph (``gpt(inputs, **params, n_head=n_head)``,
 ``transformer_block(x, **block, n_head=n_head, ...)``).  Every function returns
 logits for **every** position it is given: speculative verification needs all
-K+1 rows of one target call (Leviathan et al. 2022, Algorithm 1; SPEC.md §3-§4).
+K+1 rows of one target call (Leviathan et al. 2022, Algorithm 1; SPEC §3-§4).
 
 Shapes are written in one vocabulary: ``n_seq`` tokens in a call, ``n_past``
 tokens already in the cache, ``n_kv = n_past + n_seq``, ``n_embd`` model width,
@@ -274,7 +274,7 @@ def forward_cached(inputs, cache, wte, wpe, blocks, ln_f, n_head):  # [n_seq] ->
     The new tokens sit at positions ``len(cache) .. len(cache) + n_seq - 1`` and
     attend to every cached token and to the new tokens before them.  Called with
     the K+1 tokens ``[last accepted, x_1..x_K]`` it returns the K+1 verification
-    rows of SPEC.md §3.  Same arithmetic as :func:`gpt`: after any sequence of
+    rows of SPEC §3.  Same arithmetic as :func:`gpt`: after any sequence of
     appends and rollbacks the rows equal a full recompute of the cached sequence.
     """
     xp, device = namespace(wte), _device(wte)
@@ -392,7 +392,7 @@ class CachedTransformer:
     and runs **one** forward over the rest (so the K+1 verification rows come from
     one call); rows of cached positions are returned from the store.
 
-    ``rollback=False`` simulates bug 12 of SPEC.md §7 ("KV cache not rolled back
+    ``rollback=False`` simulates bug 12 of SPEC §7 ("KV cache not rolled back
     after a rejection"): when ``tokens`` leaves the cached sequence, the stale
     keys/values stay in the cache and the new tokens are appended behind them (at
     the positions that follow), so the model conditions on discarded tokens.

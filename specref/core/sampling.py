@@ -91,7 +91,7 @@ def process(logits, config: SamplingConfig):
     d = (z - xp.max(z, axis=-1, keepdims=True)) / float(config.temperature)
     w = xp.exp(d)
     w = w / xp.sum(w, axis=-1, keepdims=True)
-    return xp.reshape(_truncate(w, config, xp), shape)
+    return xp.reshape(_apply_masks(w, config, xp), shape)
 
 
 def process_probs(probs, config: SamplingConfig):
@@ -119,7 +119,7 @@ def process_probs(probs, config: SamplingConfig):
         if power != 1:
             w = w ** int(power)
             w = w / w.sum(axis=-1, keepdims=True)
-        return _truncate(w, config, namespace(w)).reshape(shape)
+        return _apply_masks(w, config, namespace(w)).reshape(shape)
     xp = namespace(probs)
     w = xp.reshape(xp.astype(probs, xp.float64), (-1, shape[-1]))
     if config.greedy:
@@ -127,7 +127,7 @@ def process_probs(probs, config: SamplingConfig):
     if config.temperature != 1:
         w = w ** (1.0 / float(config.temperature))
         w = w / xp.sum(w, axis=-1, keepdims=True)
-    return xp.reshape(_truncate(w, config, xp), shape)
+    return xp.reshape(_apply_masks(w, config, xp), shape)
 
 
 def _check_config(config):
@@ -154,7 +154,7 @@ def _one_hot_argmax(w, xp):  # [n, V] -> [n, V] one-hot, ties to the lowest id
     return xp.astype(xp.arange(w.shape[-1])[None, :] == idx[:, None], xp.float64)
 
 
-def _truncate(w, config, xp):
+def _apply_masks(w, config, xp):
     """Apply top-k, top-p, min-p (in that order) to rows ``w`` [n, V] that sum to 1."""
     V = w.shape[-1]
     if config.top_k is not None and config.top_k < V:

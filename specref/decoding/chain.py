@@ -103,7 +103,7 @@ def target_transition(target, prompt, *, config, max_new_tokens, stop_tokens=(),
 
     def iteration(generated: tuple, rng):
         p = target_rows.last(prompt + list(generated), 1)[0]
-        block = _truncate(generated, [draw(rng, p)], max_new_tokens, stops)
+        block = _kept_block(generated, [draw(rng, p)], max_new_tokens, stops)
         return block, _next_state(generated, block, max_new_tokens, stops)
 
     return iteration
@@ -216,7 +216,7 @@ def _transition(target, draft, prompt, k, config, max_new_tokens, stop_tokens, s
         b = _speculative_block(target_rows, draft_rows, prompt + list(generated), k, rng, step)
         if stats is not None:
             _record(stats, b, k)
-        block = _truncate(generated, b.emitted, max_new_tokens, stops)
+        block = _kept_block(generated, b.emitted, max_new_tokens, stops)
         return block, _next_state(generated, block, max_new_tokens, stops)
 
     return iteration
@@ -266,7 +266,7 @@ def _record(result: DecodeResult, b: _Block, k: int) -> None:
 # ---------------------------------------------------------------- shared pieces
 
 
-def _truncate(generated: tuple, emitted: list[int], max_new_tokens: int, stops: frozenset) -> tuple:
+def _kept_block(generated: tuple, emitted: list[int], max_new_tokens: int, stops: frozenset) -> tuple:
     """The part of ``emitted`` that is kept: up to the length limit, through the first stop token."""
     room = max_new_tokens - len(generated)
     kept = []

@@ -47,7 +47,7 @@ __all__ = [
     "LazyUniform",
     "LazyUniformError",
     "Law",
-    "Comparison",
+    "LawComparison",
     "law",
     "law_iterated",
     "iterate",
@@ -658,7 +658,7 @@ def target_law(model, prompt, config, max_new_tokens: int, stop_tokens=()) -> La
 
 
 @dataclass(frozen=True)
-class Comparison:
+class LawComparison:
     """Two laws measured against each other."""
 
     tv: Any  # total variation 1/2 sum |a - b| over the union of outputs (Fraction when both are exact)
@@ -676,7 +676,7 @@ class Comparison:
         return "\n".join(lines)
 
 
-def compare(law_a: Mapping, law_b: Mapping, *, top: int = 10) -> Comparison:
+def compare(law_a: Mapping, law_b: Mapping, *, top: int = 10) -> LawComparison:
     """Total variation, largest difference on one output, and the outputs that differ most.
 
     Outputs missing from one law have probability 0 there.
@@ -692,5 +692,5 @@ def compare(law_a: Mapping, law_b: Mapping, *, top: int = 10) -> Comparison:
         tv = math.fsum(float(d) for d in diffs) / 2
         max_diff = float(max(diffs, default=0.0))
     order = sorted(range(len(rows)), key=lambda i: diffs[i], reverse=True)[:top]
-    return Comparison(tv=tv, max_diff=max_diff, worst=tuple(rows[i] for i in order),
+    return LawComparison(tv=tv, max_diff=max_diff, worst=tuple(rows[i] for i in order),
                       n_outputs=len(rows), exact=exact)

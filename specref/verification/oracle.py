@@ -14,11 +14,11 @@ the prompt and ``x_1..x_{i-1}``), the step emits a block, and the block is compl
 to K+1 tokens by target sampling.  The completed sequence must have the target law
 of K+1 tokens.  At decoder level the output must have the target sampler's law.
 
-A :class:`Case` is plain data -- bigram tables for target and draft, a prompt, K and
-sampling settings -- so a counterexample reproduces when passed back in
-(``check_step(fn, cases=[report.counterexample])``).  Bigram tables make every row
-depend on the previous token, which is what exposes bugs such as judging draft
-positions after a rejection or a context that is not rolled back.
+Every level is an entry of :data:`LEVELS` (a :class:`Level`: its signature, the
+tables its cases need, its default cases, and how a case becomes a randomized
+program with the exact law it must have); :func:`check` runs any of them under one
+:class:`Settings`.  Cases are plain data (:mod:`specref.verification.cases`), so a
+counterexample reproduces when passed back in (``check_step(fn, cases=[report.counterexample])``).
 
 Modes:
 
@@ -38,25 +38,30 @@ with the case that caused it.
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
-from dataclasses import dataclass, field, replace
-from fractions import Fraction
+from dataclasses import dataclass, field, fields, replace
+from typing import Callable
 
 import numpy as np
 
-from specref.decoding.chain import next_token_probs
 from specref.core.errors import SpecrefError, check_positive_int
-from specref.verification.laws import LazyUniformError, compare, law, target_law
 from specref.core.sampling import SamplingConfig
-from specref.verification.stats import compare_counts, samples_needed
 from specref.core.step import draw
-from specref.verification.tables import LogitTable, ProbTable
+from specref.decoding.chain import next_token_probs
+from specref.verification.cases import Case, default_cases, fixed_cases, strategy_cases
+from specref.verification.laws import LazyUniformError, compare, law, target_law
+from specref.verification.stats import compare_counts, samples_needed
 
 __all__ = [
     "Case",
     "CaseResult",
     "Report",
+    "Settings",
+    "Level",
+    "LEVELS",
+    "check",
     "check_step",
     "check_logits_step",
     "check_decoder",
@@ -68,154 +73,6 @@ __all__ = [
 OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
     "ok", "differs", "raised", "invalid output", "timeout", "lazy-uniform arithmetic",
 )
-
-
-# ---------------------------------------------------------------- cases
-
-
-@dataclass(frozen=True)
-class Case:
-    """One input: table models (:mod:`specref.verification.tables`) for target and draft, and settings.
-
-    A table of shape ``[V] * (h + 1)`` holds at ``table[x_1..x_h]`` the row used after
-    the tokens ``x_1..x_h`` (``[V, V]``: a bigram).  ``tables`` says what they hold:
-    ``"probs"`` (final distributions; step level, or exact models at decoder level) or
-    ``"logits"`` (logits level, or logit models).
-    """
-
-    name: str
-    target: np.ndarray  # [V, V] or [V] * (h + 1)
-    draft: np.ndarray  # same shape
-    prompt: tuple = (0,)
-    k: int = 2
-    config: SamplingConfig = SamplingConfig()
-    max_new_tokens: int = 3  # decoder level only
-    stop_tokens: tuple = ()  # decoder level only
-    tables: str = "probs"
-
-    @property
-    def vocab_size(self) -> int:
-        return self.target.shape[-1]
-
-    def models(self):
-        """(target, draft) as specref models: ProbTable or LogitTable."""
-        kind = ProbTable if self.tables == "probs" else LogitTable
-        return kind(self.target), kind(self.draft)
-
-    def as_float(self) -> "Case":
-        """The same case with float64 tables (for statistical mode)."""
-        return replace(self, target=np.asarray(self.target, dtype=np.float64),
-                       draft=np.asarray(self.draft, dtype=np.float64))
-
-    def to_json(self) -> dict:
-        def rows(t):
-            return np.vectorize(lambda v: str(v) if isinstance(v, Fraction) else float(v), otypes=[object])(t).tolist()
-
-        return {
-            "name": self.name, "target": rows(self.target), "draft": rows(self.draft),
-            "prompt": list(self.prompt), "k": self.k, "config": dict(vars(self.config)),
-            "max_new_tokens": self.max_new_tokens, "stop_tokens": list(self.stop_tokens),
-            "tables": self.tables,
-        }
-
-    def __repr__(self):
-        return (f"Case({self.name!r}, V={self.vocab_size}, k={self.k}, prompt={self.prompt}, "
-                f"config={self.config}, tables={self.tables!r})")
-
-
-def _frac_table(rows):
-    return np.array([[Fraction(v) for v in row] for row in rows], dtype=object)
-
-
-def default_cases(level: str, *, drawn: int = 4) -> list[Case]:
-    """The fixed edge cases of SPEC §3, seeded random cases, and ``drawn`` cases drawn
-    (with a fixed seed) from :mod:`specref.verification.strategies`, for one protocol level."""
-    return fixed_cases(level) + (strategy_cases(level, drawn) if drawn else [])
-
-
-def strategy_cases(level: str, n: int, *, seed: int = 20261129) -> list[Case]:
-    """``n`` cases drawn from ``specref.verification.strategies.table_model_pairs`` (V = 3), deterministic in ``seed``.
-
-    Relations between target and draft include identical, independent, disjoint
-    (every draft token rejected) and near-equal rows; logits cases also draw a
-    sampling configuration.
-    """
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hypothesis_seed
-    from hypothesis import strategies as st
-
-    from specref.verification import strategies
-
-    if level not in ("step", "logits", "decoder"):
-        raise SpecrefError(f"level must be 'step', 'logits' or 'decoder', got {level!r}")
-    kind = "logits" if level == "logits" else "probs"
-    pairs = strategies.table_model_pairs(vocab_size=3, exact=kind == "probs", kind=kind)
-    configs = strategies.sampling_configs(vocab_size=3) if level == "logits" else st.just(SamplingConfig())
-    drawn = []
-
-    @hypothesis_seed(seed)
-    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(pairs, st.integers(1, 2), configs)
-    def collect(pair, k, config):
-        drawn.append((pair, k, config))
-
-    collect()
-    return [Case(f"drawn-{i}", t.table, d.table, k=k, config=config, tables=kind)
-            for i, ((t, d), k, config) in enumerate(drawn[:n])]
-
-
-def fixed_cases(level: str) -> list[Case]:
-    """The fixed edge cases of SPEC §3 plus seeded random cases, for one protocol level."""
-    if level not in ("step", "logits", "decoder"):
-        raise SpecrefError(f"level must be 'step', 'logits' or 'decoder', got {level!r}")
-    rng = np.random.default_rng(20261129)
-    if level == "logits":
-        cases = []
-        configs = [
-            SamplingConfig(temperature=0.7), SamplingConfig(top_k=2), SamplingConfig(top_p=0.7),
-            SamplingConfig(min_p=0.3), SamplingConfig(temperature=1.3, top_k=3, top_p=0.9, min_p=0.05),
-        ]
-        for i, config in enumerate(configs):
-            t, d = rng.normal(0, 1.5, size=(2, 4, 4))
-            cases.append(Case(f"logits-{i}", t, d, k=2, config=config, tables="logits"))
-        # rows where the order of the rules matters: top-p before temperature keeps a different set
-        peaked = np.log(np.array([[0.5, 0.2, 0.2, 0.1], [0.3, 0.3, 0.25, 0.15],
-                                  [0.45, 0.35, 0.15, 0.05], [0.4, 0.4, 0.1, 0.1]]))
-        cases.append(Case("logits-rule-order", peaked, peaked[::-1].copy(), k=2, tables="logits",
-                          config=SamplingConfig(temperature=0.5, top_k=3, top_p=0.6)))
-        return cases
-    p = _frac_table([["1/5", "1/2", "3/10"], ["1/2", "1/4", "1/4"], ["1/3", "1/3", "1/3"]])
-    q = _frac_table([["3/5", "3/10", "1/10"], ["1/6", "1/2", "1/3"], ["1/2", "1/2", "0"]])
-    no_two = _frac_table([["1/2", "1/2", "0"], ["1/4", "3/4", "0"], ["2/3", "1/3", "0"]])
-    only_two = _frac_table([["0", "0", "1"]] * 3)
-    cases = [
-        Case("worked-example-rows", p, q),
-        Case("p-equals-q", p, p),
-        Case("zeros-in-q", p, q, k=3),
-        Case("zeros-in-p", no_two, q),
-        Case("always-rejected-at-1", no_two, only_two),
-        Case("k-equals-1", p, q, k=1, prompt=(1,)),
-        Case("random-dense", _random_table(rng, 3, 0.0), _random_table(rng, 3, 0.0)),
-        Case("random-sparse", _random_table(rng, 3, 0.3), _random_table(rng, 3, 0.3), prompt=(2,)),
-    ]
-    if level == "decoder":
-        # whole decodes are enumerated without memoisation: keep K <= 2 and 3 new tokens
-        cases = [replace(c, k=min(c.k, 2), max_new_tokens=3) for c in cases]
-        cases.append(Case("stop-token", p, q, stop_tokens=(1,), max_new_tokens=3))
-        cases.append(Case("logits-top-p", rng.normal(0, 1.5, (3, 3)), rng.normal(0, 1.5, (3, 3)),
-                          config=SamplingConfig(temperature=0.8, top_p=0.8), tables="logits"))
-        # rows that depend on the last two tokens: a context kept after a rejection shows
-        base = _frac_table([["1/2", "1/3", "1/6"], ["1/6", "1/2", "1/3"], ["1/3", "1/6", "1/2"]])
-        tri = np.stack([np.roll(base, a, axis=-1) for a in range(3)])  # tri[a][b]: base[b] rotated by a
-        cases.append(Case("trigram", tri, np.stack([p, q, p]), prompt=(0, 1), max_new_tokens=3))
-    return cases
-
-
-def _random_table(rng, V, zero_frac):
-    counts = rng.integers(1, 7, size=(V, V)) * (rng.random((V, V)) >= zero_frac)
-    counts[np.arange(V), rng.integers(V, size=V)] += 1
-    return _frac_table([[Fraction(int(c), int(row.sum())) for c in row] for row in counts])
 
 
 # ---------------------------------------------------------------- results
@@ -351,55 +208,100 @@ def _tokens(out, V, *, min_len, max_len, what):
     return [int(t) for t in seq]
 
 
-# ---------------------------------------------------------------- the checks
+# ---------------------------------------------------------------- settings and levels
 
 
-def check_step(step_fn, *, mode="exact", cases=None, samples=None, seed=0, alpha=1e-6,
-               detect_tv=0.01, tolerance=1e-9, time_limit=10.0) -> Report:
-    """Check a probability-level step ``step_fn(p_target, q_draft, draft_tokens, rng)``."""
-    return _check("step", step_fn, mode, cases, samples, seed, alpha, detect_tv, tolerance, time_limit)
+@dataclass(frozen=True)
+class Settings:
+    """How a check runs; every field is validated here, once."""
+
+    mode: str = "exact"  # "exact" (enumerate the rng) or "statistical" (rng is an int seed)
+    samples: int | None = None  # statistical mode: N per case (None: planned for detect_tv)
+    seed: int = 0  # statistical mode: case i uses seed + i
+    alpha: float = 1e-6  # statistical mode: the G-test's level
+    detect_tv: float = 0.01  # statistical mode: the TV that N is planned to detect with power 0.9
+    tolerance: float = 1e-9  # exact mode: TV above this differs
+    time_limit: float = 10.0  # seconds per call of the implementation
+
+    def __post_init__(self):
+        if self.mode not in ("exact", "statistical"):
+            raise SpecrefError(f"mode must be 'exact' or 'statistical', got {self.mode!r}")
+        if self.samples is not None:
+            check_positive_int("samples", self.samples)
+        check_positive_int("seed", self.seed, minimum=0)
+        for name, upper in (("alpha", 1), ("detect_tv", 1), ("tolerance", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < upper:
+                raise SpecrefError(f"{name} must be a number in (0, {upper}), got {value!r}")
+        t = self.time_limit
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
+            raise SpecrefError(f"time_limit must be a positive finite number of seconds, got {t!r}")
 
 
-def check_logits_step(step_fn, *, mode="exact", cases=None, samples=None, seed=0, alpha=1e-6,
-                      detect_tv=0.01, tolerance=1e-9, time_limit=10.0) -> Report:
-    """Check a logits-level step ``step_fn(target_logits, draft_logits, draft_tokens, config, rng)``."""
-    return _check("logits", step_fn, mode, cases, samples, seed, alpha, detect_tv, tolerance, time_limit)
+@dataclass(frozen=True)
+class Level:
+    """One protocol level: how the oracle calls an implementation and what it expects."""
+
+    name: str
+    signature: str  # the call, for messages and the CLI's help
+    tables: str | None  # the case tables this level needs: "probs", "logits", or None for either
+    cases: Callable[[], list]  # the default cases
+    program: Callable  # (fn, case, time_limit) -> (program(rng, impl_rng) -> output, exact law)
 
 
-def check_decoder(decode_fn, *, mode="exact", cases=None, samples=None, seed=0, alpha=1e-6,
-                  detect_tv=0.01, tolerance=1e-9, time_limit=10.0) -> Report:
-    """Check a decoder ``decode_fn(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng)``."""
-    return _check("decoder", decode_fn, mode, cases, samples, seed, alpha, detect_tv, tolerance, time_limit)
+def check(level: str, fn, *, cases=None, settings: Settings | None = None, **fields_) -> Report:
+    """Check ``fn`` at ``level`` (a key of :data:`LEVELS`) on ``cases`` (default: the level's own).
 
-
-def _check(level, fn, mode, cases, samples, seed, alpha, detect_tv, tolerance, time_limit):
+    Settings come as one :class:`Settings`, or as its fields by keyword
+    (``check("step", fn, mode="statistical")``); keywords override ``settings``.
+    """
+    if level not in LEVELS:
+        raise SpecrefError(f"level must be one of {', '.join(map(repr, LEVELS))}, got {level!r}")
+    unknown = set(fields_) - {f.name for f in fields(Settings)}
+    if unknown:
+        raise SpecrefError(f"unknown setting(s) {sorted(unknown)}; Settings has {[f.name for f in fields(Settings)]}")
+    settings = replace(settings or Settings(), **fields_)
+    spec = LEVELS[level]
     if not callable(fn):
         raise SpecrefError(f"the implementation must be callable, got {fn!r}")
-    if mode not in ("exact", "statistical"):
-        raise SpecrefError(f"mode must be 'exact' or 'statistical', got {mode!r}")
-    if samples is not None:
-        samples = check_positive_int("samples", samples)
-    if not (isinstance(time_limit, (int, float)) and time_limit > 0):
-        raise SpecrefError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
-    cases = default_cases(level) if cases is None else list(cases)
+    cases = spec.cases() if cases is None else list(cases)
+    if not cases:
+        raise SpecrefError(f"cases is empty: a check on no case proves nothing (level {level!r})")
     for c in cases:
-        _check_case(level, c)
-    report = Report(level=level, mode=mode)
+        _check_case(spec, c)
+    report = Report(level=level, mode=settings.mode)
     for i, case in enumerate(cases):
-        program, expected = _program(level, fn, case if mode == "exact" else case.as_float(), time_limit)
-        if mode == "exact":
-            report.results.append(_exact(case, program, expected, tolerance))
+        run_case = case if settings.mode == "exact" else case.as_float()
+        program, expected = spec.program(fn, run_case, settings.time_limit)
+        if settings.mode == "exact":
+            report.results.append(_exact(case, program, expected, settings.tolerance))
         else:
-            report.results.append(_statistical(case, program, expected, samples, seed + i, alpha, detect_tv))
+            report.results.append(_statistical(case, program, expected, settings.samples, settings.seed + i,
+                                               settings.alpha, settings.detect_tv))
     return report
 
 
-def _check_case(level, case):
+def check_step(step_fn, **options) -> Report:
+    """``check("step", step_fn, **options)``: ``step_fn(p_target, q_draft, draft_tokens, rng)``."""
+    return check("step", step_fn, **options)
+
+
+def check_logits_step(step_fn, **options) -> Report:
+    """``check("logits", step_fn, **options)``: ``step_fn(target_logits, draft_logits, draft_tokens, config, rng)``."""
+    return check("logits", step_fn, **options)
+
+
+def check_decoder(decode_fn, **options) -> Report:
+    """``check("decoder", decode_fn, **options)``: ``decode_fn(target, draft, prompt, *, k, config, ...)``."""
+    return check("decoder", decode_fn, **options)
+
+
+def _check_case(spec: Level, case):
+    level = spec.name
     if not isinstance(case, Case):
-        raise SpecrefError(f"cases must hold specref.verification.oracle.Case objects, got {case!r}")
-    want = "logits" if level == "logits" else ("probs" if level == "step" else None)
-    if want and case.tables != want:
-        raise SpecrefError(f"case {case.name!r} has tables={case.tables!r}; the {level} level needs {want!r}")
+        raise SpecrefError(f"cases must hold specref.verification.cases.Case objects, got {case!r}")
+    if spec.tables and case.tables != spec.tables:
+        raise SpecrefError(f"case {case.name!r} has tables={case.tables!r}; the {level} level needs {spec.tables!r}")
     if len(case.prompt) < case.target.ndim - 1:
         raise SpecrefError(f"case {case.name!r}: prompt {case.prompt} is shorter than the tables' context "
                            f"({case.target.ndim - 1} tokens)")
@@ -411,23 +313,30 @@ def _check_case(level, case):
     check_positive_int("k", case.k)
 
 
-def _program(level, fn, case, time_limit):
-    """The randomized program ``(rng, impl_rng) -> output`` and the exact law it must have."""
+def _decoder_program(fn, case, time_limit):
+    """Decoder level: the output must have the target sampler's law."""
+    target, draft = case.models()
+    V, prompt = case.vocab_size, list(case.prompt)
+
+    def program(rng, impl_rng):
+        out = _call(fn, (target, draft, list(prompt)),
+                    dict(k=case.k, config=case.config, max_new_tokens=case.max_new_tokens,
+                         stop_tokens=list(case.stop_tokens), rng=impl_rng), time_limit)
+        return tuple(_tokens(out, V, min_len=0, max_len=10 ** 6, what="decode_fn"))
+
+    return program, target_law(target, prompt, case.config, case.max_new_tokens, case.stop_tokens)
+
+
+def _step_program(fn, case, time_limit, *, logits=False):
+    """Step and logits levels: draft K tokens ~ q, call ``fn`` on the rows, complete the
+    block to K+1 tokens by target sampling; the result must have the target law of K+1 tokens.
+    At the logits level ``fn`` gets raw logits and the config and applies the rules itself."""
     target, draft = case.models()
     V, k, config, prompt = case.vocab_size, case.k, case.config, list(case.prompt)
-    if level == "decoder":
-        def program(rng, impl_rng):
-            out = _call(fn, (target, draft, list(prompt)),
-                        dict(k=k, config=config, max_new_tokens=case.max_new_tokens,
-                             stop_tokens=list(case.stop_tokens), rng=impl_rng), time_limit)
-            return tuple(_tokens(out, V, min_len=0, max_len=10 ** 6, what="decode_fn"))
-
-        return program, target_law(target, prompt, config, case.max_new_tokens, case.stop_tokens)
-
     rows = {}  # processed next-token rows per prefix: the oracle's own, computed once
 
     def raw(model, context):  # unprocessed rows, a fresh copy for the implementation
-        return (model.probs(context) if level == "step" else model(context)).copy()
+        return (model(context) if logits else model.probs(context)).copy()
 
     def row(model, context):
         key = (id(model), tuple(context))
@@ -442,7 +351,7 @@ def _program(level, fn, case, time_limit):
         drafted = context[len(prompt):]
         # the K+1 target rows and K draft rows for the prefixes prompt + x_<i, as the model gives them
         t_rows, d_rows = raw(target, context)[-(k + 1):], raw(draft, context[:-1])[-k:]
-        args = (t_rows, d_rows, np.array(drafted)) + (() if level == "step" else (config,))
+        args = (t_rows, d_rows, np.array(drafted)) + ((config,) if logits else ())
         out = _tokens(_call(fn, args + (impl_rng,), {}, time_limit), V, min_len=1, max_len=k + 1,
                       what="step_fn")
         while len(out) < k + 1:  # complete the block by target sampling
@@ -491,3 +400,18 @@ def _statistical(case, program, expected, samples, seed, alpha, detect_tv):
     return CaseResult(case, DIFFERS if result.rejected else OK, tv=est.estimate, detail=detail,
                       n_samples=n, p_value=result.g.p_value, tv_interval=(est.lower, est.upper))
 
+
+# ---------------------------------------------------------------- the registry
+
+LEVELS: dict[str, Level] = {
+    level.name: level for level in (
+        Level("step", "step_fn(p_target [K+1, V], q_draft [K, V], draft_tokens [K], rng) -> tokens",
+              "probs", lambda: default_cases("step"), _step_program),
+        Level("logits", "step_fn(target_logits [K+1, V], draft_logits [K, V], draft_tokens [K], config, rng) -> tokens",
+              "logits", lambda: default_cases("logits"),
+              lambda fn, case, time_limit: _step_program(fn, case, time_limit, logits=True)),
+        Level("decoder", "decode_fn(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng) -> tokens",
+              None, lambda: default_cases("decoder"), _decoder_program),
+    )
+}
+"""Every protocol level the oracle checks, by name (``check(name, fn)``, ``--level name``)."""

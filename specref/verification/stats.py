@@ -35,7 +35,7 @@ from specref.core.numbers import is_exact
 __all__ = [
     "GTestResult",
     "TVEstimate",
-    "Comparison",
+    "CountComparison",
     "g_test",
     "tv_estimate",
     "samples_needed",
@@ -377,7 +377,7 @@ def detectable_tv(
 
 
 @dataclass(frozen=True)
-class Comparison:
+class CountComparison:
     """Samples against an exact law: the G-test, the TV estimate, and the verdict."""
 
     g: GTestResult
@@ -396,10 +396,10 @@ class Comparison:
 
 def compare_counts(
     counts, probs, *, alpha: float = 1e-6, min_expected: float = 5, confidence: float = 0.99
-) -> Comparison:
+) -> CountComparison:
     """:func:`g_test` and :func:`tv_estimate` of ``counts`` against ``probs``, with the verdict."""
     alpha = _check_open_unit("alpha", alpha)
-    return Comparison(
+    return CountComparison(
         g=g_test(counts, probs, min_expected=min_expected),
         tv=tv_estimate(counts, probs, confidence=confidence),
         alpha=alpha,

