@@ -44,9 +44,9 @@ def bigram_pair(V: int, *, exact: bool, seed: int = 0):
 
 def enumerate_speculative(V: int, K: int, length: int, *, exact: bool, memoise: bool = True, repeats: int = 1):
     """Median seconds and the law of speculative decoding for one configuration."""
+    from specref.core.sampling import SamplingConfig
     from specref.decoding.chain import speculative_transition
     from specref.verification.laws import law_iterated
-    from specref.core.sampling import SamplingConfig
 
     target, draft = bigram_pair(V, exact=exact)
     prompt = [0]
@@ -89,8 +89,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
 
-    from specref.verification.laws import compare, target_law
     from specref.core.sampling import SamplingConfig
+    from specref.verification.laws import compare, target_law
 
     out: dict = {"machine": machine_info(), "argv": sys.argv[1:], "headline": [], "growth": {}, "memo": []}
     print("machine:", out["machine"])

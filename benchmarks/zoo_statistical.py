@@ -22,9 +22,9 @@ from fractions import Fraction as F
 
 import numpy as np
 
+from specref.core.sampling import SamplingConfig
 from specref.verification import zoo
 from specref.verification.oracle import Case, check_logits_step, check_step
-from specref.core.sampling import SamplingConfig
 
 STEP_CASE = Case("v2-k2", np.array([[F(1, 5), F(4, 5)], [F(3, 5), F(2, 5)]], dtype=object),
                  np.array([[F(1, 2), F(1, 2)], [F(1, 4), F(3, 4)]], dtype=object), k=2)

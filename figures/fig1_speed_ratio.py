@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from specref.core.cost import expected_tokens, speed_ratio
-
 from figures._common import DEFAULT_OUT_DIR, exact, new_figure, num, render, run_as_script
+from specref.core.cost import expected_tokens, speed_ratio
 
 NAME = "fig1_speed_ratio"
 K_VALUES = tuple(range(1, 9))

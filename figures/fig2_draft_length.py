@@ -14,9 +14,8 @@ JSON: ``expected_tokens`` [{``alpha``, ``k``, ``expected_tokens``, ``limit``}],
 
 from __future__ import annotations
 
-from specref.core.cost import best_k, expected_tokens
-
 from figures._common import DEFAULT_OUT_DIR, new_figure, num, render, run_as_script
+from specref.core.cost import best_k, expected_tokens
 
 NAME = "fig2_draft_length"
 EL_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)

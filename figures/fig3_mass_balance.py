@@ -20,10 +20,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from specref.verification.laws import law
-from specref.core.step import acceptance_rate, accepted_mass, residual, residual_mass, speculative_step
-
 from figures._common import DEFAULT_OUT_DIR, exact, new_figure, num, render, run_as_script
+from specref.core.step import acceptance_rate, accepted_mass, residual, residual_mass, speculative_step
+from specref.verification.laws import law
 
 NAME = "fig3_mass_balance"
 TOKENS = ("A", "B", "C")

@@ -34,8 +34,6 @@ that exists but lacks the keys above is an error.
 
 from __future__ import annotations
 
-from specref.core.cost import speed_ratio
-
 from figures._common import (
     DATA_DIR,
     DEFAULT_OUT_DIR,
@@ -47,6 +45,7 @@ from figures._common import (
     render,
     run_as_script,
 )
+from specref.core.cost import speed_ratio
 
 NAME = "fig4_measured"
 DEFAULT_BENCH = DATA_DIR / "bench.json"

@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from specref.verification.laws import law
-from specref.core.sampling import SamplingConfig, process
-from specref.verification.stats import tv_estimate
-from specref.decoding.vectorized import sample_steps
-from specref.verification.zoo import ZOO
-
 from figures._common import DEFAULT_OUT_DIR, new_figure, num, render, run_as_script
+from specref.core.sampling import SamplingConfig, process
+from specref.decoding.vectorized import sample_steps
+from specref.verification.laws import law
+from specref.verification.stats import tv_estimate
+from specref.verification.zoo import ZOO
 
 NAME = "fig5_monte_carlo"
 SEED = 20220718  # fixes every stream

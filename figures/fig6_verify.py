@@ -35,7 +35,6 @@ that exists but lacks the keys above is an error.
 from __future__ import annotations
 
 from fractions import Fraction
-from specref.verify import DETECT_TOL, FLOAT_TOL
 
 from figures._common import (
     DATA_DIR,
@@ -47,6 +46,7 @@ from figures._common import (
     render,
     run_as_script,
 )
+from specref.verify import DETECT_TOL, FLOAT_TOL
 
 NAME = "fig6_verify"
 DEFAULT_VERIFY = DATA_DIR / "verify.json"

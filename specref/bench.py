@@ -28,8 +28,8 @@ import time
 import numpy as np
 
 from specref.core.cost import expected_tokens, speed_ratio
-from specref.decoding.chain import sample_target, speculative_decode
 from specref.core.sampling import GREEDY, SamplingConfig
+from specref.decoding.chain import sample_target, speculative_decode
 
 
 class Timed:

@@ -37,11 +37,11 @@ from fractions import Fraction
 
 import numpy as np
 
-from specref.decoding.chain import speculative_transition
 from specref.core.errors import SpecrefError
-from specref.verification.laws import compare, law_iterated, target_law
 from specref.core.sampling import GREEDY, SamplingConfig
-from specref.core.step import accepted_mass, acceptance_rate, residual, residual_mass
+from specref.core.step import acceptance_rate, accepted_mass, residual, residual_mass
+from specref.decoding.chain import speculative_transition
+from specref.verification.laws import compare, law_iterated, target_law
 from specref.verification.oracle import LEVELS
 
 FLOAT_TOL = 1e-12  # a correct float scenario: TV <= this
@@ -234,8 +234,8 @@ def larger() -> list[Scenario]:
 
 def edge_cases() -> list[Scenario]:
     """The forced edge cases of SPEC §3 and §9, each a decoder scenario."""
-    from toy_models.ngram import NGramModel
     from specref.verification.tables import ProbTable
+    from toy_models.ngram import NGramModel
 
     F = Fraction
     target = NGramModel.random(order=2, vocab_size=3, seed=7)

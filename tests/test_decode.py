@@ -6,6 +6,8 @@ from fractions import Fraction as F
 import numpy as np
 import pytest
 
+from specref.core.errors import SpecrefError
+from specref.core.sampling import GREEDY, SamplingConfig
 from specref.decoding.chain import (
     model_rows,
     next_token_probs,
@@ -13,10 +15,8 @@ from specref.decoding.chain import (
     speculative_block,
     speculative_decode,
 )
-from specref.core.errors import SpecrefError
-from specref.core.sampling import GREEDY, SamplingConfig
 from specref.verification.stats import g_test
-from specref.core.step import draw
+from tests.implementations import resample_from_p
 from toy_models.ngram import NGramModel, random_table_corpus
 
 V = 6
@@ -83,17 +83,6 @@ def test_monte_carlo_law_of_three_tokens(config):
 def g_test_against(counts, exact):
     outcomes = sorted(exact)
     return g_test(np.array([counts[s] for s in outcomes]), np.array([exact[s] for s in outcomes]))
-
-
-def resample_from_p(p_target, q_draft, draft_tokens, rng):
-    """SPEC §7 bug 1: on rejection, resample from p instead of the residual."""
-    out = []
-    for i, x in enumerate(draft_tokens):
-        if rng.random() < p_target[i, x] / q_draft[i, x]:
-            out.append(x)
-            continue
-        return out + [draw(rng, p_target[i])]
-    return out + [draw(rng, p_target[len(draft_tokens)])]
 
 
 def test_sample_target_monte_carlo():

@@ -12,21 +12,21 @@ from fractions import Fraction as F
 import numpy as np
 import pytest
 
-from specref.decoding.chain import sample_target, speculative_decode, speculative_transition, target_transition
 from specref.core.errors import SpecrefError
+from specref.core.sampling import SamplingConfig
+from specref.core.step import speculative_step
+from specref.decoding.chain import sample_target, speculative_decode, speculative_transition, target_transition
 from specref.verification.laws import (
+    Law,
     LawComparison,
     LazyUniform,
     LazyUniformError,
-    Law,
     compare,
     iterate,
     law,
     law_iterated,
     target_law,
 )
-from specref.core.sampling import SamplingConfig
-from specref.core.step import speculative_step
 
 # ----------------------------------------------------------------------------- models
 

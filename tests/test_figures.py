@@ -18,8 +18,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 pytest.importorskip("matplotlib")
 
-from figures.__main__ import FIGURES, main as figures_main, resolve  # noqa: E402
 from figures import fig4_measured, fig6_verify  # noqa: E402
+from figures.__main__ import FIGURES
+from figures.__main__ import main as figures_main  # noqa: E402
+from figures.__main__ import resolve
 
 PROMISED = sorted(f"{name}.{ext}" for name in FIGURES for ext in ("png", "json"))
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from specref.core.errors import SpecrefError
-from toy_models.ngram import NGramModel, random_table_corpus
 from specref.verification.tables import LogitTable, ProbTable
+from toy_models.ngram import NGramModel, random_table_corpus
 
 CORPUS = [[0, 1, 2, 1, 0, 1], [2, 2, 1]]
 

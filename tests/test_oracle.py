@@ -5,37 +5,12 @@ import time
 import numpy as np
 import pytest
 
-from specref.verification import oracle
-from specref.decoding.chain import speculative_decode
 from specref.core.errors import SpecrefError
+from specref.core.sampling import SamplingConfig
+from specref.core.step import speculative_step
+from specref.verification import oracle
 from specref.verification.oracle import Case, check_decoder, check_logits_step, check_step, default_cases
-from specref.core.sampling import SamplingConfig, process
-from specref.core.step import draw, speculative_step
-
-
-def resample_from_p(p_target, q_draft, draft_tokens, rng):
-    """SPEC §7 bug 1, written here independently of the zoo."""
-    out = []
-    for i, x in enumerate(draft_tokens):
-        if rng.random() < p_target[i, x] / q_draft[i, x]:
-            out.append(int(x))
-            continue
-        return out + [draw(rng, p_target[i])]
-    return out + [draw(rng, p_target[len(draft_tokens)])]
-
-
-def logits_reference(target_logits, draft_logits, draft_tokens, config, rng):
-    return speculative_step(process(target_logits, config), process(draft_logits, config), draft_tokens, rng)
-
-
-def logits_target_only(target_logits, draft_logits, draft_tokens, config, rng):
-    """SPEC §7 bug 7: rules applied to the target only (the draft uses plain softmax)."""
-    return speculative_step(process(target_logits, config), process(draft_logits, SamplingConfig()), draft_tokens, rng)
-
-
-def decoder_reference(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng):
-    return speculative_decode(target, draft, prompt, k=k, config=config, max_new_tokens=max_new_tokens,
-                              stop_tokens=stop_tokens, rng=rng).tokens
+from tests.implementations import decoder_reference, logits_reference, logits_target_only, resample_from_p
 
 
 def test_reference_passes_exactly_at_every_level():

@@ -4,7 +4,7 @@ from fractions import Fraction as F
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from specref.core.errors import SpecrefError
@@ -70,8 +70,10 @@ def test_logits_route_equals_probability_route(logits, config):
     p /= p.sum()
     a = process(logits, config)
     b = process_probs(p, config)
-    if kept(a) == kept(b):  # a rounding flip at an exact boundary changes the kept set
-        np.testing.assert_allclose(a, b, atol=1e-12)
+    # a rounding flip at an exact boundary can change the kept set: such draws are
+    # discarded (hypothesis fails the test if it has to discard too many)
+    assume(kept(a) == kept(b))
+    np.testing.assert_allclose(a, b, atol=1e-12)
 
 
 @settings(max_examples=200, deadline=None)

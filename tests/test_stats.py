@@ -15,6 +15,7 @@ import pytest
 from scipy import stats as sps
 
 from specref.core.errors import SpecrefError
+from specref.decoding.vectorized import first_token_frequencies
 from specref.verification.stats import (
     compare_counts,
     detectable_tv,
@@ -23,7 +24,6 @@ from specref.verification.stats import (
     samples_needed,
     tv_estimate,
 )
-from specref.decoding.vectorized import first_token_frequencies
 
 R = 400  # replicates per power simulation
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from specref.core.errors import SpecrefError
 from specref.core.step import (
     RESIDUAL_TOL,
-    accepted_mass,
     acceptance_rate,
+    accepted_mass,
     draw,
     residual,
     residual_mass,

@@ -11,10 +11,10 @@ from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument, NoSuchExample
 
-from specref.verification import strategies
 from specref.core.errors import check_prob_rows
 from specref.core.sampling import SamplingConfig, process, process_probs
 from specref.core.step import RESIDUAL_TOL, accepted_mass, residual, residual_mass, speculative_step
+from specref.verification import strategies
 from specref.verification.strategies import (
     StepInput,
     distribution_pairs,

@@ -16,8 +16,8 @@ import pytest
 
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
-from specref.verification.stats import g_test
 from specref.decoding.vectorized import RESIDUAL_MASS_TOL, first_token_frequencies, sample_steps
+from specref.verification.stats import g_test
 
 Z_TOL = 5.0  # standard errors allowed per outcome
 ALPHA = 1e-6  # level of the joint G-tests

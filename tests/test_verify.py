@@ -9,6 +9,7 @@ import pytest
 
 from specref import verify
 from specref.core.sampling import SamplingConfig
+from tests.implementations import resample_from_p
 from toy_models.ngram import NGramModel
 
 
@@ -32,8 +33,6 @@ def test_edge_scenarios_and_json_report(tmp_path, capsys):
 
 def test_a_wrong_step_in_the_correct_matrix_fails_the_run():
     """The status logic can fail: a buggy step run as a 'correct' scenario is a FAIL row."""
-    from tests.test_oracle import resample_from_p
-
     target = NGramModel.random(order=2, vocab_size=3, seed=1)
     draft = NGramModel.random(order=2, vocab_size=3, seed=2, zero_frac=0.3)
     bad = verify.decoder_law_scenario("bug as correct", target.exact, draft.exact, [0], k=2,
@@ -67,7 +66,7 @@ def test_impl_entry_point_exit_status(tmp_path):
     ok = run_cli("--impl", "specref.core.step:speculative_step", "--level", "step")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "preserves the target distribution" in ok.stdout
-    bad = run_cli("--impl", "tests.test_oracle:resample_from_p", "--level", "step")
+    bad = run_cli("--impl", "tests.implementations:resample_from_p", "--level", "step")
     assert bad.returncode == 1 and "counterexample" in bad.stdout
     missing = run_cli("--impl", "no_such_module:f")
     assert missing.returncode == 2 and "cannot load" in missing.stderr

@@ -16,15 +16,16 @@ from fractions import Fraction as F
 import numpy as np
 import pytest
 
-from specref.verification import zoo
-from specref.decoding.chain import next_token_probs, speculative_block, speculative_decode
 from specref.core.errors import SpecrefError
-from specref.verification.laws import compare, law, target_law
 from specref.core.sampling import SamplingConfig, process
+from specref.core.step import draw
+from specref.decoding.chain import next_token_probs, speculative_block
+from specref.verification import zoo
+from specref.verification.laws import compare, law, target_law
 from specref.verification.stats import detectable_tv, g_test, samples_needed
-from specref.core.step import draw, speculative_step
-from toy_models.ngram import NGramModel
 from specref.verification.tables import LogitTable, ProbTable
+from tests.implementations import decoder_reference, logits_reference
+from toy_models.ngram import NGramModel
 
 K = 2
 
@@ -84,11 +85,6 @@ def logits_law(fn, config=LOGIT_CONFIG):
     return law(program)
 
 
-def logits_reference(target_logits, draft_logits, draft_tokens, config, rng):
-    """A correct logits-level step: the harness check."""
-    return speculative_step(process(target_logits, config), process(draft_logits, config), draft_tokens, rng)
-
-
 # ---------------------------------------------------------------- decoders: exact n-gram models
 DEC_TARGET = NGramModel.random(order=3, vocab_size=3, seed=5).exact
 DEC_DRAFT = NGramModel.random(order=2, vocab_size=3, seed=6).exact
@@ -103,11 +99,6 @@ def decoder_law(fn, k=K):
 
 
 DEC_TRUTH = target_law(DEC_TARGET, DEC_PROMPT, PLAIN, DEC_MAX, DEC_STOP)
-
-
-def reference_decoder(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng):
-    return speculative_decode(target, draft, prompt, k=k, config=config, max_new_tokens=max_new_tokens,
-                              stop_tokens=stop_tokens, rng=rng).tokens
 
 
 def exact_tv(entry):
@@ -152,7 +143,7 @@ def test_harnesses_give_tv_zero_for_correct_implementations():
     """Each lifting is right: the reference at every level has the target's law."""
     assert compare(step_law(zoo.reference), STEP_TRUTH).tv == 0  # Fractions: exactly 0
     for k in (1, 2):
-        assert compare(decoder_law(reference_decoder, k), DEC_TRUTH).tv == 0
+        assert compare(decoder_law(decoder_reference, k), DEC_TRUTH).tv == 0
     truth = target_law(LOGIT_TARGET, LOGIT_PROMPT, LOGIT_CONFIG, K + 1)
     assert compare(logits_law(logits_reference), truth).tv <= 1e-12
 

@@ -50,7 +50,15 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from toy_models.corpus import VOCAB, corpus  # noqa: E402
-from toy_models.transformer import WEIGHTS_DIR, LN_EPS, TransformerConfig, init_params, load, save  # noqa: E402
+from toy_models.transformer import (  # noqa: E402
+    LN_EPS,
+    WEIGHTS_DIR,
+    TransformerConfig,
+    init_params,
+    load,
+    map_params,
+    save,
+)
 
 N_CTX = 128
 TARGET = TransformerConfig(n_vocab=VOCAB, n_ctx=N_CTX, n_embd=128, n_layer=8, n_head=4)  # 1.6M params
@@ -229,14 +237,6 @@ class Adam:
 # Training and evaluation
 
 
-def _map(fn, tree):
-    if isinstance(tree, dict):
-        return {k: _map(fn, v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_map(fn, v) for v in tree]
-    return fn(tree)
-
-
 def batches(tokens: np.ndarray, batch: int, length: int, rng: np.random.Generator):
     """Endless random windows ``(inputs, targets)`` of shape ``[batch, length]``."""
     while True:
@@ -252,11 +252,11 @@ def train(config, tokens, *, steps, batch, lr, seed, valid, log_every=50, name="
     teacher's next-token distributions on corpus windows instead of the corpus's
     next tokens (distillation: the draft learns to agree with the target).
     """
-    params = _map(lambda a: a.astype(np.float32), init_params(config, seed))
+    params = map_params(lambda a: a.astype(np.float32), init_params(config, seed))
     opt = Adam(params, lr=lr, steps=steps)
     data = batches(tokens, batch, config.n_ctx, np.random.default_rng(seed + 1))
     if teacher is not None:
-        t_params, t_config = _map(lambda a: a.astype(np.float32), teacher[0]), teacher[1]
+        t_params, t_config = map_params(lambda a: a.astype(np.float32), teacher[0]), teacher[1]
     t0 = time.perf_counter()
     for step in range(1, steps + 1):
         x, y = next(data)
@@ -269,7 +269,7 @@ def train(config, tokens, *, steps, batch, lr, seed, valid, log_every=50, name="
             if step % (4 * log_every) == 0 or step == steps:
                 msg += f"  valid {evaluate(params, config, valid):.4f}"
             print(msg, flush=True)
-    return _map(lambda a: a.astype(np.float64), params), time.perf_counter() - t0
+    return map_params(lambda a: a.astype(np.float64), params), time.perf_counter() - t0
 
 
 def _windows(valid, n_ctx):

@@ -124,11 +124,7 @@ def init_params(config: TransformerConfig, seed: int) -> dict:
 
 def to_backend(params, xp, dtype=None):
     """The same params tree with every array moved to namespace ``xp`` (default float64)."""
-    if isinstance(params, dict):
-        return {k: to_backend(v, xp, dtype) for k, v in params.items()}
-    if isinstance(params, list):
-        return [to_backend(v, xp, dtype) for v in params]
-    return xp.asarray(to_numpy(params).astype(np.float64), dtype=dtype or xp.float64)
+    return map_params(lambda a: xp.asarray(to_numpy(a).astype(np.float64), dtype=dtype or xp.float64), params)
 
 
 def map_params(fn, params):
@@ -361,9 +357,7 @@ class KVCache:
 
     def rollback(self, length: int) -> None:
         """Truncate to the first ``length`` tokens (the accepted prefix); O(1)."""
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= self._length:
-            raise SpecrefError(f"rollback length must be an int in 0..{self._length}, got {length!r}")
-        self._length = int(length)
+        self._length = _rollback_length(length, self._length)
 
 
 # ---------------------------------------------------------------------------
@@ -451,13 +445,12 @@ class CachedTransformer:
 
         With ``rollback=False`` only the logits store forgets them; the KV cache keeps them (bug 12).
         """
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= len(self._tokens):
-            raise SpecrefError(f"rollback length must be an int in 0..{len(self._tokens)}, got {length!r}")
+        length = _rollback_length(length, len(self._tokens))
         if length == len(self._tokens):
             return
         t0 = time.perf_counter()
         if self.rollback_enabled:
-            self.cache.rollback(int(length))
+            self.cache.rollback(length)
         self.stats.rollback_seconds += time.perf_counter() - t0
         self.stats.rollbacks += 1
         self.stats.tokens_rolled_back += len(self._tokens) - length
@@ -482,6 +475,13 @@ class CachedTransformer:
         c = self.config
         bug = "" if self.rollback_enabled else ", rollback=False"
         return f"CachedTransformer(n_embd={c.n_embd}, n_layer={c.n_layer}, n_head={c.n_head}, n_vocab={c.n_vocab}, n_ctx={c.n_ctx}{bug})"
+
+
+def _rollback_length(length, cached: int) -> int:
+    """``length`` as an int in ``0..cached``, else SpecrefError (the cache and the model share this rule)."""
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= cached:
+        raise SpecrefError(f"rollback length must be an int in 0..{cached}, got {length!r}")
+    return int(length)
 
 
 def _common_prefix(a: list, b: list) -> int:

@@ -98,8 +98,9 @@ def strategy_cases(level: str, n: int, *, seed: int = 20261129) -> list[Case]:
     (every draft token rejected) and near-equal rows; logits cases also draw a
     sampling configuration.
     """
-    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import HealthCheck, Phase, given
     from hypothesis import seed as hypothesis_seed
+    from hypothesis import settings
     from hypothesis import strategies as st
 
     from specref.verification import strategies  # hypothesis is imported only when cases are drawn

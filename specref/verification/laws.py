@@ -39,8 +39,8 @@ from typing import Any, Callable, Hashable, Mapping
 import numpy as np
 
 from specref.core.backend import to_numpy
-from specref.decoding.chain import next_token_probs  # the query the decoders make; exact sits above decode
 from specref.core.errors import FLOAT_ROW_TOL, SpecrefError, check_positive_int, check_tokens
+from specref.decoding.chain import next_token_probs  # the query the decoders make; exact sits above decode
 
 __all__ = [
     "DEFAULT_MAX_PATHS",

@@ -42,6 +42,7 @@ import math
 import signal
 import threading
 from dataclasses import dataclass, field, fields, replace
+from fractions import Fraction
 from typing import Callable
 
 import numpy as np

@@ -82,11 +82,11 @@ from typing import Callable
 import numpy as np
 
 from specref.core.backend import to_numpy
-from specref.decoding.chain import model_rows, next_token_probs, speculative_block, speculative_decode
 from specref.core.errors import SpecrefError, check_positive_int
 from specref.core.numbers import is_exact, same_kind
 from specref.core.sampling import SamplingConfig, process, process_probs
 from specref.core.step import correction_row, draw, speculative_step
+from specref.decoding.chain import model_rows, next_token_probs, speculative_block, speculative_decode
 
 __all__ = [
     "ZooEntry",

@@ -1,0 +1,33 @@
+"""Implementations the tests put under the oracle, written here independently of
+:mod:`specref.verification.zoo` (a helper module, not a test module: tests import it)."""
+
+from specref.core.sampling import process
+from specref.core.step import draw, speculative_step
+from specref.decoding.chain import speculative_decode
+
+
+def resample_from_p(p_target, q_draft, draft_tokens, rng):
+    """SPEC §7.1: on rejection, resample from p instead of the residual."""
+    out = []
+    for i, x in enumerate(draft_tokens):
+        if rng.random() < p_target[i, x] / q_draft[i, x]:
+            out.append(int(x))
+            continue
+        return out + [draw(rng, p_target[i])]
+    return out + [draw(rng, p_target[len(draft_tokens)])]
+
+
+def logits_reference(target_logits, draft_logits, draft_tokens, config, rng):
+    """The reference step at the logits level: the same rules on both sides."""
+    return speculative_step(process(target_logits, config), process(draft_logits, config), draft_tokens, rng)
+
+
+def logits_target_only(target_logits, draft_logits, draft_tokens, config, rng):
+    """SPEC §7.7: the rules applied to the target rows only."""
+    return speculative_step(process(target_logits, config), process(draft_logits, type(config)()), draft_tokens, rng)
+
+
+def decoder_reference(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng):
+    """The reference decoder in the oracle's decoder signature."""
+    return speculative_decode(target, draft, prompt, k=k, config=config, max_new_tokens=max_new_tokens,
+                              stop_tokens=stop_tokens, rng=rng).tokens

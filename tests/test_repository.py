@@ -1,0 +1,95 @@
+"""The repository describes itself truly: no path outside it, no narrative about how
+it was made, a layout table that matches the tree, counts that match the code, and
+a wheel that holds exactly the packages and data the code needs."""
+
+import re
+import subprocess
+import sys
+import zipfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+OUTSIDE = re.compile(r"\.\./shared|shared/SPEC|SPEC\.md|/work/")
+NARRATIVE = re.compile(
+    r"\bissue \d+|\bthis session\b|\bthe session\b|not at hand|\bearlier session|\bwas written\b|\bwe (?:found|tried)\b",
+    re.IGNORECASE,
+)
+
+
+def tracked_text_files():
+    names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for name in names:
+        path = ROOT / name
+        if path.suffix in {".py", ".md", ".toml", ".txt", ".cfg"} or path.parent.name == ".ci":
+            yield name, path.read_text(errors="replace")
+
+
+def test_the_scanners_see_what_they_look_for():
+    assert OUTSIDE.search("see ../shared/SPEC.md") and NARRATIVE.search("as issue 5 asked")
+    assert not OUTSIDE.search("docs/spec.md") and not NARRATIVE.search("the residual is reissued")
+
+
+def test_no_tracked_file_refers_outside_the_repository_or_narrates():
+    files = dict(tracked_text_files())
+    assert "README.md" in files and "docs/spec.md" in files
+    bad = [f"{name}:{i}: {line.strip()}"
+           for name, text in files.items() if name != "tests/test_repository.py"
+           for i, line in enumerate(text.splitlines(), 1) if OUTSIDE.search(line) or NARRATIVE.search(line)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_readme_layout_table_matches_the_tree():
+    rows = re.findall(r"^\| `([^`]+)` \|", README, flags=re.MULTILINE)
+    listed = {r for r in rows if r.endswith(".py") or r.endswith(".md") or r.endswith("/")}
+    assert listed, "no layout table found"
+    missing = [r for r in listed if not (ROOT / r).exists()]
+    assert not missing, f"README lists files that do not exist: {missing}"
+    modules = {str(p.relative_to(ROOT)) for pkg in ("specref", "toy_models") for p in (ROOT / pkg).rglob("*.py")
+               if p.name != "__init__.py" and p.name != "__main__.py"}
+    unlisted = sorted(modules - listed)
+    assert not unlisted, f"modules missing from the README's layout table: {unlisted}"
+
+
+def test_the_readme_layer_picture_matches_the_contract():
+    import tomllib
+
+    layers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]["layers"]
+    picture = re.search(r"```\n(specref\.verify.*?)```", README, flags=re.DOTALL).group(1)
+    drawn = [line.split("  ")[0].strip() for line in picture.strip().splitlines()]
+    assert drawn == layers
+
+
+def test_readme_counts_come_from_the_code():
+    from specref import verify
+    from specref.verification import zoo
+
+    kinds = Counter(e.kind for e in zoo.entries())
+    m = re.search(r"\((\d+) entries: (\d+) wrong, (\d+)\s+approximate.*?and (\d+)\s+correct", README, flags=re.DOTALL)
+    assert m, "the zoo count sentence is missing"
+    assert tuple(map(int, m.groups())) == (len(zoo.entries()), kinds["wrong"], kinds["approximate"], kinds["correct"])
+    scenarios = verify.matrix() + verify.controls()
+    kinds = Counter(s.kind for s in scenarios)
+    claims = re.findall(r"\((\d+) scenarios: (\d+)\s+correct, (\d+) negative\s+controls, (\d+) approximate", README)
+    assert len(claims) >= 2
+    for claim in claims:
+        assert tuple(map(int, claim)) == (len(scenarios), kinds["correct"], kinds["control"], kinds["approximate"])
+    quick = re.findall(r"--quick`? (?:\((\d+) scenarios\)|runs (\d+) of them)", README)
+    assert quick and all(int(a or b) == sum(s.quick for s in scenarios) for a, b in quick)
+
+
+def test_the_wheel_holds_the_packages_and_data_and_nothing_else(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    (wheel,) = tmp_path.glob("specref-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"specref", "toy_models"}
+    data = sorted(n for n in names if not n.endswith(".py") and ".dist-info" not in n)
+    shipped = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "toy_models" / "weights").glob("*.npz"))
+    assert data == shipped and shipped, (data, shipped)
+    for sub in ("core", "decoding", "verification", "adapters"):
+        assert f"specref/{sub}/__init__.py" in names
