@@ -38,11 +38,7 @@ with the case that caused it.
 
 from __future__ import annotations
 
-import math
-import signal
-import threading
-from dataclasses import dataclass, field, fields, replace
-from fractions import Fraction
+from dataclasses import dataclass, fields, replace
 from typing import Callable
 
 import numpy as np
@@ -51,8 +47,10 @@ from specref.core.errors import SpecrefError, check_positive_int
 from specref.core.sampling import SamplingConfig
 from specref.core.step import draw
 from specref.decoding.chain import next_token_probs
+from specref.verification.calling import Misbehaved, call, checked_tokens
 from specref.verification.cases import Case, default_cases, fixed_cases, strategy_cases
-from specref.verification.laws import LazyUniformError, compare, law, target_law
+from specref.verification.laws import compare, law, target_law
+from specref.verification.report import DIFFERS, OK, CaseResult, Report, Settings
 from specref.verification.stats import compare_counts, samples_needed
 
 __all__ = [
@@ -62,6 +60,8 @@ __all__ = [
     "Settings",
     "Level",
     "LEVELS",
+    "register",
+    "run_programs",
     "check",
     "check_step",
     "check_logits_step",
@@ -71,183 +71,24 @@ __all__ = [
     "strategy_cases",
 ]
 
-OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
-    "ok", "differs", "raised", "invalid output", "timeout", "lazy-uniform arithmetic",
-)
 
-
-# ---------------------------------------------------------------- results
-
-
-@dataclass
-class CaseResult:
-    """The verdict on one case."""
-
-    case: Case
-    status: str  # ok / differs / raised / invalid output / timeout / lazy-uniform arithmetic
-    tv: float | Fraction | None = None  # exact TV, or the plug-in estimate in statistical mode
-    detail: str = ""  # the error, or the outputs that differ most
-    n_samples: int | None = None  # statistical mode: N
-    p_value: float | None = None  # statistical mode: the G-test's p-value
-    tv_interval: tuple | None = None  # statistical mode: confidence interval of the TV
-
-    @property
-    def ok(self) -> bool:
-        return self.status == OK
-
-
-@dataclass
-class Report:
-    """What a check found: the verdict, the worst TV, a counterexample and a table per case."""
-
-    level: str
-    mode: str
-    results: list = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for r in self.results)
-
-    @property
-    def worst_tv(self):
-        tvs = [r.tv for r in self.results if r.tv is not None]
-        return max(tvs) if tvs else None
-
-    @property
-    def counterexample(self) -> Case | None:
-        """The failing case with the largest TV (errors first), or None when all pass."""
-        bad = [r for r in self.results if not r.ok]
-        if not bad:
-            return None
-        return max(bad, key=lambda r: (r.tv is None, r.tv or 0)).case
-
-    def table(self) -> str:
-        lines = [f"{'case':<24} {'status':<24} {'TV':>12}  detail"]
-        for r in self.results:
-            tv = "-" if r.tv is None else f"{float(r.tv):.3g}"
-            extra = f"N={r.n_samples}, p={r.p_value:.2g}; " if r.n_samples else ""
-            lines.append(f"{r.case.name:<24} {r.status:<24} {tv:>12}  {extra}{r.detail}")
-        return "\n".join(lines)
-
-    def __str__(self):
-        verdict = "preserves the target distribution" if self.ok else (
-            f"DIFFERS from the target distribution (worst TV {float(self.worst_tv or 0):.3g})"
-            if self.worst_tv else "FAILS (see statuses)"
-        )
-        text = f"{self.level}-level check, {self.mode} mode: {verdict}\n{self.table()}"
-        if self.counterexample is not None:
-            text += f"\ncounterexample: {self.counterexample!r}"
-        return text
-
-
-# ---------------------------------------------------------------- calling the implementation
-
-
-class _Misbehaved(Exception):
-    def __init__(self, status, detail):
-        super().__init__(detail)
-        self.status, self.detail = status, detail
-
-
-class _TimedOut(BaseException):  # BaseException: an implementation's `except Exception` cannot eat it
-    pass
-
-
-def _call(fn, args, kwargs, time_limit):
-    """Run the implementation once, turning every misbehaviour into ``_Misbehaved``."""
-    try:
-        return _with_time_limit(fn, args, kwargs, time_limit)
-    except _TimedOut:
-        raise _Misbehaved(TIMEOUT, f"no result within {time_limit} s") from None
-    except LazyUniformError as e:
-        raise _Misbehaved(ARITHMETIC, str(e)) from None
-    except Exception as e:  # the implementation's own failure, reported with the case
-        raise _Misbehaved(RAISED, f"{type(e).__name__}: {e}") from None
-
-
-def _with_time_limit(fn, args, kwargs, seconds):
-    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
-        def alarm(signum, frame):
-            raise _TimedOut()
-
-        previous = signal.signal(signal.SIGALRM, alarm)
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-    box = {}  # off the main thread: a daemon thread that is abandoned if it hangs
-
-    def target():
-        try:
-            box["value"] = fn(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - handed back to the caller below
-            box["error"] = e
-
-    worker = threading.Thread(target=target, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        raise _TimedOut()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def _tokens(out, V, *, min_len, max_len, what):
-    """Validate an implementation's returned tokens: ints in range, length in bounds."""
-    try:
-        seq = list(out.tolist() if hasattr(out, "tolist") else out)
-    except TypeError:
-        raise _Misbehaved(INVALID, f"{what} returned {out!r}, not a sequence of tokens") from None
-    if not min_len <= len(seq) <= max_len:
-        raise _Misbehaved(INVALID, f"{what} returned {len(seq)} tokens {seq}; expected {min_len} to {max_len}")
-    for t in seq:
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < V:
-            raise _Misbehaved(INVALID, f"{what} returned token {t!r} outside the vocabulary 0..{V - 1}: {seq}")
-    return [int(t) for t in seq]
-
-
-# ---------------------------------------------------------------- settings and levels
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How a check runs; every field is validated here, once."""
-
-    mode: str = "exact"  # "exact" (enumerate the rng) or "statistical" (rng is an int seed)
-    samples: int | None = None  # statistical mode: N per case (None: planned for detect_tv)
-    seed: int = 0  # statistical mode: case i uses seed + i
-    alpha: float = 1e-6  # statistical mode: the G-test's level
-    detect_tv: float = 0.01  # statistical mode: the TV that N is planned to detect with power 0.9
-    tolerance: float = 1e-9  # exact mode: TV above this differs
-    time_limit: float = 10.0  # seconds per call of the implementation
-
-    def __post_init__(self):
-        if self.mode not in ("exact", "statistical"):
-            raise SpecrefError(f"mode must be 'exact' or 'statistical', got {self.mode!r}")
-        if self.samples is not None:
-            check_positive_int("samples", self.samples)
-        check_positive_int("seed", self.seed, minimum=0)
-        for name, upper in (("alpha", 1), ("detect_tv", 1), ("tolerance", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < upper:
-                raise SpecrefError(f"{name} must be a number in (0, {upper}), got {value!r}")
-        t = self.time_limit
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
-            raise SpecrefError(f"time_limit must be a positive finite number of seconds, got {t!r}")
+# ---------------------------------------------------------------- levels
 
 
 @dataclass(frozen=True)
 class Level:
-    """One protocol level: how the oracle calls an implementation and what it expects."""
+    """One protocol level: how the oracle calls an implementation and what it expects.
+
+    ``run(level, fn, cases, settings) -> Report`` does the work; the levels of this
+    module share :func:`run_programs`, other modules register levels with their own.
+    """
 
     name: str
     signature: str  # the call, for messages and the CLI's help
-    tables: str | None  # the case tables this level needs: "probs", "logits", or None for either
     cases: Callable[[], list]  # the default cases
-    program: Callable  # (fn, case, time_limit) -> (program(rng, impl_rng) -> output, exact law)
+    run: Callable  # (level, fn, cases, settings) -> Report
+    tables: str | None = None  # the Case tables this level needs: "probs", "logits", or None for either
+    program: Callable | None = None  # run_programs: (fn, case, time_limit) -> (program(rng, impl_rng), exact law)
 
 
 def check(level: str, fn, *, cases=None, settings: Settings | None = None, **fields_) -> Report:
@@ -268,8 +109,15 @@ def check(level: str, fn, *, cases=None, settings: Settings | None = None, **fie
     cases = spec.cases() if cases is None else list(cases)
     if not cases:
         raise SpecrefError(f"cases is empty: a check on no case proves nothing (level {level!r})")
+    return spec.run(spec, fn, cases, settings)
+
+
+def run_programs(spec: Level, fn, cases, settings: Settings) -> Report:
+    """Step, logits and decoder levels: each case is a randomized program with an exact law,
+    enumerated (exact mode) or sampled and G-tested (statistical mode)."""
     for c in cases:
         _check_case(spec, c)
+    level = spec.name
     report = Report(level=level, mode=settings.mode)
     for i, case in enumerate(cases):
         run_case = case if settings.mode == "exact" else case.as_float()
@@ -320,10 +168,10 @@ def _decoder_program(fn, case, time_limit):
     V, prompt = case.vocab_size, list(case.prompt)
 
     def program(rng, impl_rng):
-        out = _call(fn, (target, draft, list(prompt)),
+        out = call(fn, (target, draft, list(prompt)),
                     dict(k=case.k, config=case.config, max_new_tokens=case.max_new_tokens,
                          stop_tokens=list(case.stop_tokens), rng=impl_rng), time_limit)
-        return tuple(_tokens(out, V, min_len=0, max_len=10 ** 6, what="decode_fn"))
+        return tuple(checked_tokens(out, V, min_len=0, max_len=10 ** 6, what="decode_fn"))
 
     return program, target_law(target, prompt, case.config, case.max_new_tokens, case.stop_tokens)
 
@@ -353,7 +201,7 @@ def _step_program(fn, case, time_limit, *, logits=False):
         # the K+1 target rows and K draft rows for the prefixes prompt + x_<i, as the model gives them
         t_rows, d_rows = raw(target, context)[-(k + 1):], raw(draft, context[:-1])[-k:]
         args = (t_rows, d_rows, np.array(drafted)) + ((config,) if logits else ())
-        out = _tokens(_call(fn, args + (impl_rng,), {}, time_limit), V, min_len=1, max_len=k + 1,
+        out = checked_tokens(call(fn, args + (impl_rng,), {}, time_limit), V, min_len=1, max_len=k + 1,
                       what="step_fn")
         while len(out) < k + 1:  # complete the block by target sampling
             out.append(draw(rng, row(target, prompt + out)))
@@ -365,7 +213,7 @@ def _step_program(fn, case, time_limit, *, logits=False):
 def _exact(case, program, expected, tolerance):
     try:
         got = law(lambda rng: program(rng, rng))
-    except _Misbehaved as m:
+    except Misbehaved as m:
         return CaseResult(case, m.status, detail=m.detail)
     c = compare(got, expected)
     status = OK if c.tv <= tolerance else DIFFERS
@@ -391,7 +239,7 @@ def _statistical(case, program, expected, samples, seed, alpha, detect_tv):
                 strays[out] = strays.get(out, 0) + 1
                 j = len(outcomes)
             counts[j] += 1
-    except _Misbehaved as m:
+    except Misbehaved as m:
         return CaseResult(case, m.status, detail=m.detail)
     result = compare_counts(counts, null, alpha=alpha)
     est = result.tv
@@ -404,15 +252,22 @@ def _statistical(case, program, expected, samples, seed, alpha, detect_tv):
 
 # ---------------------------------------------------------------- the registry
 
-LEVELS: dict[str, Level] = {
-    level.name: level for level in (
-        Level("step", "step_fn(p_target [K+1, V], q_draft [K, V], draft_tokens [K], rng) -> tokens",
-              "probs", lambda: default_cases("step"), _step_program),
-        Level("logits", "step_fn(target_logits [K+1, V], draft_logits [K, V], draft_tokens [K], config, rng) -> tokens",
-              "logits", lambda: default_cases("logits"),
-              lambda fn, case, time_limit: _step_program(fn, case, time_limit, logits=True)),
-        Level("decoder", "decode_fn(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng) -> tokens",
-              None, lambda: default_cases("decoder"), _decoder_program),
-    )
-}
+LEVELS: dict[str, Level] = {}
 """Every protocol level the oracle checks, by name (``check(name, fn)``, ``--level name``)."""
+
+
+def register(level: Level) -> Level:
+    """Add a level to :data:`LEVELS` (a name may be registered once)."""
+    if level.name in LEVELS:
+        raise SpecrefError(f"level {level.name!r} is registered already")
+    LEVELS[level.name] = level
+    return level
+
+
+register(Level("step", "step_fn(p_target [K+1, V], q_draft [K, V], draft_tokens [K], rng) -> tokens",
+               lambda: default_cases("step"), run_programs, tables="probs", program=_step_program))
+register(Level("logits", "step_fn(target_logits [K+1, V], draft_logits [K, V], draft_tokens [K], config, rng) -> tokens",
+               lambda: default_cases("logits"), run_programs, tables="logits",
+               program=lambda fn, case, time_limit: _step_program(fn, case, time_limit, logits=True)))
+register(Level("decoder", "decode_fn(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng) -> tokens",
+               lambda: default_cases("decoder"), run_programs, program=_decoder_program))
