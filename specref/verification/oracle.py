@@ -38,8 +38,7 @@ with the case that caused it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Callable
+from dataclasses import fields, replace
 
 import numpy as np
 
@@ -50,6 +49,7 @@ from specref.decoding.chain import next_token_probs
 from specref.verification.calling import Misbehaved, call, checked_tokens
 from specref.verification.cases import Case, default_cases, fixed_cases, strategy_cases
 from specref.verification.laws import compare, law, target_law
+from specref.verification.levels import LEVELS, Level, register
 from specref.verification.report import DIFFERS, OK, CaseResult, Report, Settings
 from specref.verification.stats import compare_counts, samples_needed
 
@@ -70,25 +70,6 @@ __all__ = [
     "fixed_cases",
     "strategy_cases",
 ]
-
-
-# ---------------------------------------------------------------- levels
-
-
-@dataclass(frozen=True)
-class Level:
-    """One protocol level: how the oracle calls an implementation and what it expects.
-
-    ``run(level, fn, cases, settings) -> Report`` does the work; the levels of this
-    module share :func:`run_programs`, other modules register levels with their own.
-    """
-
-    name: str
-    signature: str  # the call, for messages and the CLI's help
-    cases: Callable[[], list]  # the default cases
-    run: Callable  # (level, fn, cases, settings) -> Report
-    tables: str | None = None  # the Case tables this level needs: "probs", "logits", or None for either
-    program: Callable | None = None  # run_programs: (fn, case, time_limit) -> (program(rng, impl_rng), exact law)
 
 
 def check(level: str, fn, *, cases=None, settings: Settings | None = None, **fields_) -> Report:
@@ -252,18 +233,6 @@ def _statistical(case, program, expected, samples, seed, alpha, detect_tv):
 
 # ---------------------------------------------------------------- the registry
 
-LEVELS: dict[str, Level] = {}
-"""Every protocol level the oracle checks, by name (``check(name, fn)``, ``--level name``)."""
-
-
-def register(level: Level) -> Level:
-    """Add a level to :data:`LEVELS` (a name may be registered once)."""
-    if level.name in LEVELS:
-        raise SpecrefError(f"level {level.name!r} is registered already")
-    LEVELS[level.name] = level
-    return level
-
-
 register(Level("step", "step_fn(p_target [K+1, V], q_draft [K, V], draft_tokens [K], rng) -> tokens",
                lambda: default_cases("step"), run_programs, tables="probs", program=_step_program))
 register(Level("logits", "step_fn(target_logits [K+1, V], draft_logits [K, V], draft_tokens [K], config, rng) -> tokens",
@@ -271,3 +240,6 @@ register(Level("logits", "step_fn(target_logits [K+1, V], draft_logits [K, V], d
                program=lambda fn, case, time_limit: _step_program(fn, case, time_limit, logits=True)))
 register(Level("decoder", "decode_fn(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng) -> tokens",
                lambda: default_cases("decoder"), run_programs, program=_decoder_program))
+
+# Levels defined in other modules of this floor register themselves when imported here, so that
+# check() and the CLI see every level (one import line per module below).
