@@ -243,3 +243,4 @@ register(Level("decoder", "decode_fn(target, draft, prompt, *, k, config, max_ne
 
 # Levels defined in other modules of this floor register themselves when imported here, so that
 # check() and the CLI see every level (one import line per module below).
+from specref.verification import trees  # noqa: E402,F401  registers "tree"

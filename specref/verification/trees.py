@@ -1,0 +1,276 @@
+"""The ``tree`` oracle level: check a tree verifier exactly or statistically.
+
+``tree_step_fn(tree, p_target [N, V], q_draft [N, V] | None, rng) -> (path, next_token)``
+(:mod:`specref.core.tree`, :mod:`specref.core.tree_verify`).  For each
+:class:`TreeCase` the oracle
+
+1. drafts a tree of shape ``widths`` from the case's draft table with the case's
+   drafting scheme (``"topk"``: point mass, ``q_draft`` passed as None; ``"iid"`` or
+   ``"without_replacement"``: sampled children, ``q_draft`` passed);
+2. scores every node with the target table (``p_target``) and calls the implementation;
+3. checks that ``path`` is a root-down path of the tree and the token is in the
+   vocabulary, emits the path's tokens and the next token, and completes the block to
+   ``depth + 1`` tokens by target sampling.
+
+The completed block must have the target law of ``depth + 1`` tokens.  Exact mode
+enumerates every draft and every coin (the implementation's ``rng`` is the
+enumerator's); statistical mode samples and G-tests as the other levels do
+(:func:`specref.verification.oracle.run_programs`).
+
+SGLang-style kernels take their coins as arguments: :func:`from_coins` wraps such a
+kernel into a ``tree_step_fn`` by passing it lazy uniforms, so it runs in exact mode.
+:func:`sglang_style_kernel` is a reference kernel of that shape (one coin per node,
+siblings tried by a running sum of target probabilities, a scratch row per node that
+records the tried siblings, inverse-CDF final draw with a separate coin).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+import numpy as np
+
+from specref.core.errors import SpecrefError
+from specref.core.numbers import is_exact
+from specref.core.sampling import SamplingConfig
+from specref.core.step import draw
+from specref.core.tree import to_sglang
+from specref.decoding.chain import next_token_probs
+from specref.decoding.tree import SCHEMES, draft_tree, tree_rows
+from specref.verification.calling import Misbehaved, call
+from specref.verification.laws import DEFAULT_MAX_PATHS, compare, law, target_law
+from specref.verification.levels import Level, register
+from specref.verification.report import DIFFERS, INVALID, OK, CaseResult, Report
+from specref.verification.stats import compare_counts, samples_needed
+from specref.verification.tables import ProbTable
+
+__all__ = ["TreeCase", "tree_cases", "from_coins", "sglang_style_kernel", "check_tree", "tree_program"]
+
+
+@dataclass(frozen=True)
+class TreeCase:
+    """One tree input: target and draft tables (``[V] * (h + 1)``), a prompt, a shape and a drafting scheme."""
+
+    name: str
+    target: np.ndarray
+    draft: np.ndarray
+    prompt: tuple = (0,)
+    widths: tuple = (2, 2)  # children per node at depth 0, 1, ...
+    drafting: str = "topk"  # "topk" | "iid" | "without_replacement"
+    config: SamplingConfig = SamplingConfig()  # kept for Case compatibility; must be the default here
+    tables: str = "probs"
+
+    def __post_init__(self):
+        if self.drafting not in SCHEMES:
+            raise SpecrefError(f"TreeCase {self.name!r}: drafting must be one of {SCHEMES}, got {self.drafting!r}")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.shape[-1]
+
+    @property
+    def depth(self) -> int:
+        return len(self.widths)
+
+    def models(self):
+        return ProbTable(self.target), ProbTable(self.draft)
+
+    def as_float(self) -> "TreeCase":
+        return replace(self, target=np.asarray(self.target, dtype=np.float64),
+                       draft=np.asarray(self.draft, dtype=np.float64))
+
+    def __repr__(self):
+        return (f"TreeCase({self.name!r}, V={self.vocab_size}, widths={self.widths}, drafting={self.drafting!r}, "
+                f"prompt={self.prompt})")
+
+
+def _frac(rows):
+    return np.array([[Fraction(v) for v in row] for row in rows], dtype=object)
+
+
+def tree_cases(drafting: str = "topk") -> list[TreeCase]:
+    """Small default cases for one drafting scheme (bigram tables, V = 3)."""
+    if drafting not in SCHEMES:
+        raise SpecrefError(f"drafting must be one of {SCHEMES}, got {drafting!r}")
+    p = _frac([["1/5", "1/2", "3/10"], ["1/2", "1/4", "1/4"], ["1/3", "1/3", "1/3"]])
+    q = _frac([["3/5", "3/10", "1/10"], ["1/6", "1/2", "1/3"], ["1/4", "1/2", "1/4"]])
+    peaked = _frac([["1/10", "4/5", "1/10"], ["7/10", "1/5", "1/10"], ["1/6", "1/6", "2/3"]])
+    sampled = drafting != "topk"
+    cases = [
+        TreeCase("width2-depth2", p, q, widths=(2, 1) if sampled else (2, 2), drafting=drafting),
+        TreeCase("width2-depth1", peaked, q, prompt=(1,), widths=(2,), drafting=drafting),
+        TreeCase("chain-depth2", p, peaked, widths=(1, 1), drafting=drafting),
+        TreeCase("p-equals-q", p, p, widths=(2,), drafting=drafting),
+    ]
+    if drafting == "iid":  # three i.i.d. children: duplicates are likely
+        cases.append(TreeCase("width3-depth1", p, q, prompt=(2,), widths=(3,), drafting=drafting))
+    return cases
+
+
+def tree_program(fn, case: TreeCase, time_limit):
+    """``(program(rng, impl_rng), expected law)`` for one case (the tree level's criterion)."""
+    target, draft = case.models()
+    V, prompt, depth = case.vocab_size, list(case.prompt), case.depth
+    config = SamplingConfig()
+    rows: dict = {}
+
+    def row(model, path):
+        key = (id(model), path)
+        if key not in rows:
+            rows[key] = next_token_probs(model, prompt + list(path), config)
+        return rows[key]
+
+    def program(rng, impl_rng):
+        tree, q_draft, paths = draft_tree(case.widths, lambda path: row(draft, path), case.drafting, rng)
+        p_target = tree_rows(lambda path: row(target, path), paths)
+        q_arg = None if case.drafting == "topk" else q_draft
+        out = call(fn, (tree, p_target.copy(), None if q_arg is None else q_arg.copy(), impl_rng), {}, time_limit)
+        try:
+            path, token = out
+            path = tree.check_path(path)
+        except (TypeError, ValueError) as e:
+            raise Misbehaved(INVALID, f"tree_step_fn returned {out!r}, not (a root-down path, a token): {e}") from None
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < V:
+            raise Misbehaved(INVALID, f"tree_step_fn returned next token {token!r} outside the vocabulary 0..{V - 1}")
+        block = [tree.tokens[n] for n in path] + [int(token)]
+        while len(block) < depth + 1:  # complete by target sampling
+            block.append(draw(rng, row(target, tuple(block))))
+        return tuple(block)
+
+    return program, target_law(target, prompt, config, depth + 1)
+
+
+def _run(spec, fn, cases, settings):
+    """Each case enumerated (exact) or sampled and G-tested (statistical); misbehaviour is a status."""
+    for c in cases:
+        if not isinstance(c, TreeCase):
+            raise SpecrefError(f"tree-level cases must be TreeCase objects, got {c!r}")
+        c.models()  # validates the tables
+    report = Report(level=spec.name, mode=settings.mode)
+    for i, case in enumerate(cases):
+        run_case = case if settings.mode == "exact" else case.as_float()
+        program, expected = tree_program(fn, run_case, settings.time_limit)
+        try:
+            if settings.mode == "exact":
+                report.results.append(_exact(case, program, expected, settings))
+            else:
+                report.results.append(_statistical(case, program, expected, settings, settings.seed + i))
+        except Misbehaved as m:
+            report.results.append(CaseResult(case, m.status, detail=m.detail))
+    return report
+
+
+def _exact(case, program, expected, settings):
+    got = law(lambda rng: program(rng, rng), max_paths=getattr(settings, "max_paths", None) or DEFAULT_MAX_PATHS)
+    c = compare(got, expected)
+    status = OK if c.tv <= settings.tolerance else DIFFERS
+    detail = "" if status == OK else "worst outputs (output, got, target): " + ", ".join(
+        f"{o}: {float(a):.4g} vs {float(b):.4g}" for o, a, b in c.worst[:3])
+    return CaseResult(case, status, tv=c.tv, detail=detail)
+
+
+def _statistical(case, program, expected, settings, seed):
+    outcomes = sorted(expected)
+    index = {o: i for i, o in enumerate(outcomes)}
+    null = np.array([float(expected[o]) for o in outcomes] + [0.0])  # last bin: outputs the target never makes
+    n = settings.samples or samples_needed(settings.detect_tv, settings.alpha, 0.9, len(null), null=null)
+    gen = np.random.default_rng(seed)
+    counts = np.zeros(len(null), dtype=np.int64)
+    for _ in range(n):
+        counts[index.get(program(gen, gen), len(outcomes))] += 1
+    result = compare_counts(counts, null, alpha=settings.alpha)
+    est = result.tv
+    return CaseResult(case, DIFFERS if result.rejected else OK, tv=est.estimate, detail=f"{result.g}",
+                      n_samples=n, p_value=result.g.p_value, tv_interval=(est.lower, est.upper))
+
+
+def check_tree(tree_step_fn, *, drafting: str = "topk", **options):
+    """``check("tree", fn, cases=tree_cases(drafting), **options)``."""
+    from specref.verification.oracle import check
+
+    options.setdefault("cases", tree_cases(drafting))
+    return check("tree", tree_step_fn, **options)
+
+
+# ---------------------------------------------------------------- coins as arguments
+
+
+def from_coins(kernel):
+    """A ``tree_step_fn`` from an SGLang-style kernel that takes its coins as arguments.
+
+    ``kernel(candidates [N], retrive_next_token [N], retrive_next_sibling [N],
+    uniform_samples [N], uniform_final, target_probs [N, V]) -> (accept_index, next_token)``,
+    where ``accept_index`` lists the root (0) and then the accepted nodes, padded with
+    -1.  The coins are drawn from ``rng`` -- lazy uniforms in exact mode, so the kernel
+    may only compare them with thresholds; coins it never reads open no branch.
+    """
+
+    def tree_step_fn(tree, p_target, q_draft, rng):
+        candidates, first, sibling = to_sglang(tree, root_token=0)
+        coins = [rng.random() for _ in range(tree.size)]
+        final = rng.random()
+        accept_index, token = kernel(candidates, first, sibling, coins, final, p_target)
+        accept_index = [int(i) for i in accept_index]
+        if not accept_index or accept_index[0] != 0:
+            raise SpecrefError(f"accept_index must start with the root 0, got {accept_index}")
+        return [i for i in accept_index[1:] if i != -1], int(token)
+
+    tree_step_fn.__name__ = f"from_coins({getattr(kernel, '__name__', 'kernel')})"
+    return tree_step_fn
+
+
+def sglang_style_kernel(candidates, retrive_next_token, retrive_next_sibling, uniform_samples, uniform_final,
+                        target_probs, *, scratch=None, check_distinct=True):
+    """A reference kernel in the shape of SGLang's target-only tree sampler (thresholds 1, 1).
+
+    At node ``cur`` with coin ``u = uniform_samples[cur]``: walk the children (first
+    child, then next siblings) keeping a running sum of their target probabilities and
+    accept the first child whose running sum exceeds ``u`` (so child ``i`` is accepted
+    exactly when ``u`` falls in its bucket, probability ``p(x_i)``); a rejected child's
+    target probability is written to ``scratch[cur, x]``.  On stopping, the next token
+    is drawn by inverse CDF with ``uniform_final`` from ``max(target_probs[cur] -
+    scratch[cur], 0)`` -- the target with the tried siblings removed, or the fresh
+    target at an accepted leaf (nothing tried there).  ``scratch`` must be zeros
+    (default); children must be distinct.
+    """
+    N = len(candidates)
+    p = target_probs
+    if check_distinct:
+        for node in range(N):
+            c, seen = retrive_next_token[node], set()
+            while c != -1:
+                if candidates[c] in seen:
+                    raise SpecrefError(f"node {node}: two children carry token {candidates[c]}; distinct children needed")
+                seen.add(candidates[c])
+                c = retrive_next_sibling[c]
+    if scratch is None:
+        scratch = np.zeros_like(p) if not is_exact(p) else np.full(p.shape, Fraction(0), dtype=object)
+    accept, cur = [0], 0
+    while True:
+        u, runsum, child, chosen = uniform_samples[cur], 0, retrive_next_token[cur], -1
+        while child != -1:
+            x = candidates[child]
+            runsum = runsum + p[cur, x]
+            if u < runsum:
+                chosen = child
+                break
+            scratch[cur, x] = p[cur, x]
+            child = retrive_next_sibling[child]
+        if chosen == -1:
+            break
+        accept.append(chosen)
+        cur = chosen
+    residual = np.maximum(p[cur] - scratch[cur], 0 * p[cur])
+    total, cum = residual.sum(), 0
+    token = max(j for j in range(len(residual)) if residual[j] > 0)  # fallback: last positive entry
+    for j, w in enumerate(residual.tolist()):
+        cum = cum + w
+        if w > 0 and uniform_final < cum / total:
+            token = j
+            break
+    return accept, token
+
+
+register(Level("tree", "tree_step_fn(tree, p_target [N, V], q_draft [N, V] | None, rng) -> (path, next_token)",
+               lambda: tree_cases("topk"), _run))
