@@ -204,6 +204,7 @@ def matrix() -> list[Scenario]:
     scenarios += larger()
     scenarios += edge_cases()
     scenarios += transformer_scenarios()
+    scenarios += tree_scenarios()
     return scenarios
 
 
@@ -319,6 +320,57 @@ def _stale_cache_run():
     want = target_law(fresh, prompt, config, 3)
     c = compare(got, want)
     return {"tv": c.tv, "n_outputs": len(want), "paths": got.paths}
+
+
+def tree_scenarios() -> list[Scenario]:
+    """Tree speculation: each reference verifier's decoding law against the target law (rational,
+    TV == 0), the SGLang-style kernel through the tree level, Medusa's typical acceptance
+    (approximate), and every tree bug of :mod:`specref.verification.zoo_trees` as a control."""
+    from specref.decoding.tree import tree_transition
+    from specref.verification.trees import check_tree, from_coins, sglang_style_kernel
+    from specref.verification.zoo_trees import REORDER_CONFIG, tree_bugs
+    from toy_models.ngram import NGramModel
+
+    t3, d3 = (NGramModel.random(order=2, vocab_size=3, seed=s, zero_frac=z).exact for s, z in [(7, 0), (8, 0.3)])
+    t4, d4 = (NGramModel.random(order=2, vocab_size=4, seed=s, zero_frac=z).exact for s, z in [(7, 0), (8, 0.3)])
+
+    def tree_law(name, target, draft, scheme, verify, widths, n, kind="correct", config=SamplingConfig(),
+                 target_row=None, quick=False):
+        def run():
+            it = tree_transition(target, draft, [0], widths=widths, scheme=scheme, verify=verify, config=config,
+                                 max_new_tokens=n, stop_tokens=(2,), target_row=target_row)
+            got = law_iterated((), it, key=ngram_key(2, [0]))
+            c = compare(got, target_law(target, [0], config, n, (2,)))
+            return {"tv": c.tv, "n_outputs": c.n_outputs, "paths": got.paths, "states": got.states, "exact": c.exact}
+        return Scenario(f"{'' if kind == 'correct' else kind + ' '}tree {name} {scheme} widths={widths} n={n}",
+                        kind, run, quick)
+
+    def oracle_row(name, fn, drafting, kind):
+        def run():
+            report = check_tree(fn, drafting=drafting)
+            return {"tv": report.worst_tv, "n_outputs": None, "paths": None, "exact": True}
+        return Scenario(f"{'' if kind == 'correct' else kind + ' '}tree {name} ({drafting}) oracle tree-level cases",
+                        kind, run, quick=kind == "control")
+
+    out = [
+        tree_law("point mass", t3, d3, "topk", "pointmass", (2, 2), 3, quick=True),
+        tree_law("point mass", t4, d4, "topk", "pointmass", (3, 1), 3),
+        tree_law("point mass topk3,topp4/5", t4, d4, "topk", "pointmass", (2, 2), 3, config=REORDER_CONFIG),
+        tree_law("RRS with replacement", t3, d3, "iid", "rrs_with_replacement", (2,), 3, quick=True),
+        tree_law("RRS without replacement", t3, d3, "without_replacement", "rrs_without_replacement", (2, 1), 3),
+        tree_law("K-SEQ", t3, d3, "iid", "kseq", (2,), 3),
+        tree_law("block verification", t3, d3, "iid", "block", (1, 1), 3, quick=True),
+        tree_law("block verification", t3, d3, "topk", "block", (1, 1, 1), 4),
+        oracle_row("SGLang-style kernel, coins passed", from_coins(sglang_style_kernel), "topk", "correct"),
+        tree_law("typical acceptance", t3, d3, "topk", "typical", (2, 2), 3, kind="approximate"),
+    ]
+    for bug in tree_bugs():
+        if bug.level == "tree":
+            out.append(oracle_row(bug.name, bug.fn, bug.drafting, "control"))
+        else:  # a processing-order bug lives in the rows the loop verifies against
+            out.append(tree_law(bug.name, t4, d4, "topk", "pointmass", (2, 2), 3, kind="control",
+                                config=REORDER_CONFIG, target_row=bug.fn, quick=True))
+    return out
 
 
 def config_name(config: SamplingConfig) -> str:

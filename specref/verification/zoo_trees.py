@@ -151,7 +151,7 @@ def node_row_off_by_one(tree, p_target, q_draft, rng):
             return path, draw(rng, p)
 
 
-REORDER_CONFIG = SamplingConfig(top_k=2, top_p=Fraction(3, 5))
+REORDER_CONFIG = SamplingConfig(top_k=3, top_p=Fraction(4, 5))
 """The config the processing-order control runs under (both rules bite on its rows)."""
 
 
