@@ -8,6 +8,8 @@ NumPy.  The checks here are shared by the sampling rules, the step and the loops
 
 from __future__ import annotations
 
+import math
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -18,12 +20,37 @@ from specref.core.numbers import is_exact
 __all__ = [
     "SpecrefError",
     "FLOAT_ROW_TOL",
+    "LOW_PRECISION_FACTOR",
+    "LowPrecisionRows",
+    "row_tolerance",
     "check_prob_rows",
     "check_tokens",
     "check_positive_int",
 ]
 
-FLOAT_ROW_TOL = 1e-9  # a float probability row must sum to 1 within this
+FLOAT_ROW_TOL = 1e-9  # a float64 probability row must sum to 1 within this
+LOW_PRECISION_FACTOR = 8  # float32/float16 rows: tolerance = max(FLOAT_ROW_TOL, this x eps x sqrt(V))
+_LOW_PRECISION_CAP = 1e-2  # ... and never looser than this
+
+
+def row_tolerance(dtype, V: int) -> float:
+    """How far from 1 a row of ``dtype`` over ``V`` tokens may sum.
+
+    float64 (and integer) rows: ``FLOAT_ROW_TOL`` (1e-9).  Lower-precision floats
+    (float32, float16, bfloat16-like): ``LOW_PRECISION_FACTOR * eps(dtype) * sqrt(V)``,
+    at least 1e-9 and at most 1e-2 -- a softmax computed in that precision is off by a
+    few eps times a factor that grows with the length of the sum (float32, V = 50,000:
+    1.1e-4; real rows miss by 3e-8 to 1e-7).
+    """
+    dt = np.dtype(dtype)
+    if dt.kind != "f" or dt.itemsize >= 8:
+        return FLOAT_ROW_TOL
+    tol = LOW_PRECISION_FACTOR * float(np.finfo(dt).eps) * math.sqrt(V)
+    return min(max(FLOAT_ROW_TOL, tol), _LOW_PRECISION_CAP)
+
+
+class LowPrecisionRows(UserWarning):
+    """Issued when float32/float16 probability rows were renormalised in float64 before use."""
 
 
 class SpecrefError(ValueError):
@@ -45,9 +72,12 @@ def check_positive_int(name: str, value, minimum: int = 1) -> int:
 def check_prob_rows(name: str, rows, *, shape: tuple | None = None):
     """Validate probability rows (``[..., V]``): finite, non-negative, each summing to 1.
 
-    Float rows must sum to 1 within ``FLOAT_ROW_TOL``; object rows (``Fraction``)
+    Float64 rows must sum to 1 within ``FLOAT_ROW_TOL``; object rows (``Fraction``)
     must hold only rationals and sum to exactly 1.  ``shape`` entries that are not
-    None must match.  Returns the rows unchanged.
+    None must match.  Returns the rows unchanged -- except lower-precision float rows
+    (float32, float16), which are accepted within :func:`row_tolerance` and come back
+    as host float64 rows renormalised to sum to 1; that this was done is recorded by
+    a :class:`LowPrecisionRows` warning (shown once per call site, as warnings are).
     """
     ndim = getattr(rows, "ndim", None)
     if ndim is None or not hasattr(rows, "shape"):
@@ -87,10 +117,16 @@ def check_prob_rows(name: str, rows, *, shape: tuple | None = None):
         i, j = map(int, np.argwhere(neg)[0])
         raise SpecrefError(f"{name}[{i}][{j}] is negative: {flat[i, j]}")
     sums = flat.sum(axis=-1)
-    off = np.abs(sums - 1.0) > FLOAT_ROW_TOL
+    tol = row_tolerance(host.dtype, host.shape[-1])
+    off = ~(np.abs(sums - 1.0) <= tol)
     if off.any():
         i = int(np.argmax(off))
-        raise SpecrefError(f"{name} row {i} sums to {sums[i]!r}, not 1 (tolerance {FLOAT_ROW_TOL})")
+        raise SpecrefError(f"{name} row {i} sums to {sums[i]!r}, not 1 (tolerance {tol:.3g} for "
+                           f"{host.dtype} rows of V={host.shape[-1]})")
+    if tol != FLOAT_ROW_TOL or (host.dtype.kind == "f" and host.dtype.itemsize < 8):
+        warnings.warn(f"{name}: {host.dtype} probability rows accepted within row_tolerance and renormalised "
+                      f"in float64", LowPrecisionRows, stacklevel=2)
+        return (flat / sums[:, None]).reshape(host.shape)
     return rows
 
 

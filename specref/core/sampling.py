@@ -53,7 +53,7 @@ class SamplingConfig:
 
     def __post_init__(self):
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, Real) or not math.isfinite(t) or t < 0:
+        if isinstance(t, bool) or not isinstance(t, Real) or not (isinstance(t, Fraction) or math.isfinite(t)) or t < 0:
             raise SpecrefError(f"temperature must be a finite number >= 0, got {t!r}")
         k = self.top_k
         if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
@@ -88,7 +88,7 @@ def process(logits, config: SamplingConfig):
     if config.greedy:
         return xp.reshape(_one_hot_argmax(z, xp), shape)
     # subtract the row max before dividing by T and exponentiating: never overflows
-    d = (z - xp.max(z, axis=-1, keepdims=True)) / float(config.temperature)
+    d = _scaled(z - xp.max(z, axis=-1, keepdims=True), config.temperature, xp)
     w = xp.exp(d)
     w = w / xp.sum(w, axis=-1, keepdims=True)
     return xp.reshape(_apply_masks(w, config, xp), shape)
@@ -101,7 +101,7 @@ def process_probs(probs, config: SamplingConfig):
     then applied as ``p ** (1/T)`` and must have ``1/T`` integral (T = 1, 1/2, ...).
     """
     _check_config(config)
-    check_prob_rows("probs", probs)
+    probs = check_prob_rows("probs", probs)  # float32/16 rows: renormalised float64
     shape = probs.shape
     if is_exact(probs):
         w = probs.reshape(-1, shape[-1])
@@ -124,10 +124,32 @@ def process_probs(probs, config: SamplingConfig):
     w = xp.reshape(xp.astype(probs, xp.float64), (-1, shape[-1]))
     if config.greedy:
         return xp.reshape(_one_hot_argmax(w, xp), shape)
-    if config.temperature != 1:
-        w = w ** (1.0 / float(config.temperature))
+    if config.temperature != 1:  # p ** (1/T) in log space: the power underflows to 0/0 at low T
+        with np.errstate(divide="ignore"):
+            logw = xp.log(w)  # zeros -> -inf
+        w = xp.exp(_scaled(logw - xp.max(logw, axis=-1, keepdims=True), config.temperature, xp))
         w = w / xp.sum(w, axis=-1, keepdims=True)
     return xp.reshape(_apply_masks(w, config, xp), shape)
+
+
+def _scaled(diff, temperature, xp):
+    """``diff / T`` for ``diff = z - max(z) <= 0`` (``-inf`` for excluded tokens), with no NaN
+    at any representable ``T > 0``: a ``T`` that underflows to 0.0 as a float (a tiny
+    ``Fraction``) keeps only the maxima, one that overflows keeps every finite token."""
+    try:
+        t = float(temperature)
+    except OverflowError:  # a Fraction beyond the float range
+        t = math.inf
+    finite = xp.isfinite(diff)
+    safe = xp.where(finite, diff, 0 * xp.zeros_like(diff))
+    if t == 0:
+        scaled = xp.where(safe == 0, safe, xp.full_like(diff, -math.inf))
+    elif t == math.inf:
+        scaled = 0 * safe
+    else:
+        with np.errstate(over="ignore"):
+            scaled = safe / t
+    return xp.where(finite, scaled, xp.full_like(diff, -math.inf))
 
 
 def _check_config(config):

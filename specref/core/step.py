@@ -20,6 +20,8 @@ arrays of ``Fraction``, where every quantity is exact.
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 
 from specref.core.backend import to_numpy
@@ -35,6 +37,7 @@ __all__ = [
     "RESIDUAL_TOL",
     "correction_row",
     "check_step_inputs",
+    "check_rng",
     "draw",
 ]
 
@@ -103,6 +106,7 @@ def speculative_step(p_target, q_draft, draft_tokens, rng, *, check: bool = True
     """
     if check:
         p_target, q_draft, draft_tokens = check_step_inputs(p_target, q_draft, draft_tokens)
+        check_rng(rng)
     else:
         p_target, q_draft = to_numpy(p_target), to_numpy(q_draft)
     K, V = q_draft.shape
@@ -120,6 +124,31 @@ def speculative_step(p_target, q_draft, draft_tokens, rng, *, check: bool = True
     # 4b. all K accepted: the bonus token comes from the (K+1)-th target row
     emitted.append(draw(rng, p_target[K]))
     return emitted
+
+
+def check_rng(rng, name: str = "rng"):
+    """``rng`` is a generator *instance*: a ``numpy.random.Generator``, or an object with
+    ``random()`` and ``choice(n, p=...)`` such as the exact enumerator's generator.
+
+    Refused with SpecrefError naming ``name``: None, a class (``np.random.Generator``
+    itself), a module (``np.random``), and the legacy ``np.random.RandomState``, whose
+    ``choice`` cannot take exact (``Fraction``) rows and whose streams differ.
+    """
+    if isinstance(rng, np.random.Generator):
+        return rng
+    hint = "pass a generator instance such as numpy.random.default_rng(seed)"
+    if rng is None:
+        raise SpecrefError(f"{name} must be a generator instance, got None; {hint}")
+    if isinstance(rng, type):
+        raise SpecrefError(f"{name} must be a generator instance, got the class {rng.__name__}; {hint}")
+    if isinstance(rng, types.ModuleType):
+        raise SpecrefError(f"{name} must be a generator instance, got the module {rng.__name__}; {hint}")
+    if isinstance(rng, np.random.RandomState):
+        raise SpecrefError(f"{name} must be a numpy.random.Generator, got the legacy RandomState; {hint}")
+    if not (callable(getattr(rng, "random", None)) and callable(getattr(rng, "choice", None))):
+        raise SpecrefError(f"{name} must be a generator with random() and choice(n, p=...), got "
+                           f"{type(rng).__name__}; {hint}")
+    return rng
 
 
 def draw(rng, probs) -> int:
@@ -155,8 +184,8 @@ def _residual_or_none(p, q):
 
 def _pair(p, q):
     p, q = to_numpy(p), to_numpy(q)
+    p, q = check_prob_rows("p", p), check_prob_rows("q", q)  # float32/16 rows: renormalised float64
     for name, row in (("p", p), ("q", q)):
-        check_prob_rows(name, row)
         if row.ndim != 1:
             raise SpecrefError(f"{name} must be one distribution of shape [V], got shape {row.shape}")
     if p.shape != q.shape:
@@ -187,8 +216,8 @@ def check_step_inputs(p_target, q_draft, draft_tokens):
         raise SpecrefError(f"p_target must have K+1 = {K + 1} rows for K = {K} draft rows, got {p_target.shape[0]}")
     if is_exact(p_target) != is_exact(q_draft):
         raise SpecrefError("p_target and q_draft must both be Fraction (object) rows or both float rows")
-    check_prob_rows("p_target", p_target)
-    check_prob_rows("q_draft", q_draft)
+    p_target = check_prob_rows("p_target", p_target)  # float32/16 rows: renormalised float64
+    q_draft = check_prob_rows("q_draft", q_draft)
     tokens = check_tokens("draft_tokens", draft_tokens, V, length=K)
     for i, x in enumerate(tokens):
         if q_draft[i, x] == 0:

@@ -32,7 +32,7 @@ import numpy as np
 from specref.core.errors import SpecrefError, check_positive_int, check_tokens
 from specref.core.numbers import same_kind
 from specref.core.sampling import SamplingConfig, process, process_probs
-from specref.core.step import draw, speculative_step
+from specref.core.step import check_rng, draw, speculative_step
 
 __all__ = [
     "DecodeResult",
@@ -77,7 +77,11 @@ def model_rows(model, tokens, n_rows: int, config: SamplingConfig, *, name: str 
     """
     tokens = list(tokens)
     exact = hasattr(model, "probs")
-    rows = model.probs(tokens) if exact else model(tokens)
+    try:
+        rows = model.probs(tokens) if exact else model(tokens)
+    except Exception as e:
+        e.add_note(f"(raised by the {name} model on {len(tokens)} tokens)")  # which side failed
+        raise
     shape = getattr(rows, "shape", None)
     if shape is None or len(shape) != 2 or shape[0] != len(tokens) or shape[1] < 1:
         kind = "probs" if exact else "logits"
@@ -85,7 +89,10 @@ def model_rows(model, tokens, n_rows: int, config: SamplingConfig, *, name: str 
             f"{name} must return {kind} of shape [len(tokens), V] = [{len(tokens)}, V], got {shape}"
         )
     last = rows[len(tokens) - n_rows :]
-    return process_probs(last, config) if exact else process(last, config)
+    try:
+        return process_probs(last, config) if exact else process(last, config)
+    except SpecrefError as e:
+        raise SpecrefError(f"the {name} model's output is not valid: {e}") from None
 
 
 def next_token_probs(model, tokens, config: SamplingConfig, *, name: str = "model"):
@@ -111,6 +118,7 @@ def target_transition(target, prompt, *, config, max_new_tokens, stop_tokens=(),
 
 def sample_target(target, prompt, *, config: SamplingConfig, max_new_tokens: int, stop_tokens=(), rng):
     """Ground truth: repeat ``x ~ p(. | prefix)`` until a stop token or ``max_new_tokens``."""
+    stop_tokens = _as_tuple("stop_tokens", stop_tokens)
     iteration = target_transition(
         target, prompt, config=config, max_new_tokens=max_new_tokens, stop_tokens=stop_tokens, memo=False
     )
@@ -124,6 +132,14 @@ def sample_target(target, prompt, *, config: SamplingConfig, max_new_tokens: int
         result.target_calls += 1
     result.stopped = bool(result.tokens) and result.tokens[-1] in set(stop_tokens)
     return result
+
+
+def _as_tuple(name, values):
+    """An iterable of tokens as a tuple, read once (a generator is not consumed twice)."""
+    try:
+        return tuple(values.tolist() if hasattr(values, "tolist") else values)
+    except TypeError:
+        raise SpecrefError(f"{name} must be an iterable of token ids, got {values!r:.80}") from None
 
 
 # ---------------------------------------------------------------- speculative decoding
@@ -142,15 +158,19 @@ def speculative_block(target, draft, tokens, *, k: int, config: SamplingConfig, 
     """
     target_rows = _Rows(target, config, "target", memo=False)
     draft_rows = _Rows(draft, config, "draft", memo=False)
-    return _speculative_block(target_rows, draft_rows, list(tokens), check_positive_int("k", k), rng, step).emitted
+    k = check_positive_int("k", k)
+    _check_rng(rng)
+    return _speculative_block(target_rows, draft_rows, list(tokens), k, rng, step).emitted
 
 
-def _speculative_block(target_rows, draft_rows, tokens, k, rng, step) -> _Block:
+def _speculative_block(target_rows, draft_rows, tokens, k, rng, step, V=None) -> _Block:
     # 1. draft K tokens autoregressively from q
     context = list(tokens)
     q_rows, drafted = [], []
     for _ in range(k):
         q = draft_rows.last(context, 1)[0]
+        if V is not None and q.shape[-1] != V:  # before a draft token can reach the target
+            raise SpecrefError(f"vocabulary mismatch: the draft model gives V={q.shape[-1]}, the target V={V}")
         x = draw(rng, q)
         q_rows.append(q)
         drafted.append(x)
@@ -166,8 +186,13 @@ def _speculative_block(target_rows, draft_rows, tokens, k, rng, step) -> _Block:
     # 3.-4. accept until the first rejection; then residual or bonus (specref.core.step)
     if step is None:  # the reference; its rows come from specref.core.sampling, valid by construction
         emitted = speculative_step(p_target, q_draft, drafted, rng, check=False)
-    else:
-        emitted = list(step(p_target, q_draft, drafted, rng))
+    else:  # a hook: its output must be a block of 1..K+1 tokens of the vocabulary
+        out = step(p_target, q_draft, drafted, rng)
+        emitted = check_tokens("the step= hook's output", _as_tuple("the step= hook's output", out),
+                               p_target.shape[1])
+        if not 1 <= len(emitted) <= k + 1:
+            raise SpecrefError(f"the step= hook must return 1 to K+1 = {k + 1} tokens, got {len(emitted)}: "
+                               f"{emitted[:k + 3]}")
     return _Block(emitted=emitted, accepted=len(emitted) - 1)
 
 
@@ -207,13 +232,13 @@ def speculative_transition(
 
 
 def _transition(target, draft, prompt, k, config, max_new_tokens, stop_tokens, step, memo, stats):
-    prompt, stops = _check_common(target, prompt, config, max_new_tokens, stop_tokens)
+    prompt, stops, V = _check_common(target, prompt, config, max_new_tokens, stop_tokens, vocab=True)
     k = check_positive_int("k", k)
     target_rows = _Rows(target, config, "target", memo)
     draft_rows = _Rows(draft, config, "draft", memo)
 
     def iteration(generated: tuple, rng):
-        b = _speculative_block(target_rows, draft_rows, prompt + list(generated), k, rng, step)
+        b = _speculative_block(target_rows, draft_rows, prompt + list(generated), k, rng, step, V)
         if stats is not None:
             _record(stats, b, k)
         block = _kept_block(generated, b.emitted, max_new_tokens, stops)
@@ -241,6 +266,9 @@ def speculative_decode(
     """
     k = check_positive_int("k", k)
     _check_rng(rng)
+    stop_tokens = _as_tuple("stop_tokens", stop_tokens)
+    if step is not None and not callable(step):
+        raise SpecrefError(f"step must be None or a callable step(p_target, q_draft, draft_tokens, rng), got {step!r:.80}")
     result = DecodeResult(tokens=[], tested_per_position=[0] * k, accepted_per_position=[0] * k)
     iteration = _transition(
         target, draft, prompt, k, config, max_new_tokens, stop_tokens, step, memo=False, stats=result
@@ -285,14 +313,10 @@ def _next_state(generated: tuple, block: tuple, max_new_tokens: int, stops: froz
 
 
 def _check_rng(rng):
-    if not (callable(getattr(rng, "random", None)) and callable(getattr(rng, "choice", None))):
-        raise SpecrefError(
-            f"rng must be a generator with random() and choice(n, p=...), such as "
-            f"numpy.random.default_rng(seed); got {rng!r}"
-        )
+    check_rng(rng)
 
 
-def _check_common(target, prompt, config, max_new_tokens, stop_tokens):
+def _check_common(target, prompt, config, max_new_tokens, stop_tokens, vocab=False):
     if not isinstance(config, SamplingConfig):
         raise SpecrefError(f"config must be a SamplingConfig, got {config!r}")
     check_positive_int("max_new_tokens", max_new_tokens, minimum=0)
@@ -304,4 +328,4 @@ def _check_common(target, prompt, config, max_new_tokens, stop_tokens):
         V = next_token_probs(target, prompt_list, SamplingConfig(), name="target").shape[-1]
     prompt_list = check_tokens("prompt", prompt_list, V)
     stops = frozenset(check_tokens("stop_tokens", stop_tokens, V))
-    return prompt_list, stops
+    return (prompt_list, stops, V) if vocab else (prompt_list, stops)

@@ -31,6 +31,7 @@ and move to the device with ``xp.asarray``.  Everything is computed in float64.
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -101,6 +102,9 @@ def _as_float_rows(name, rows, shape):
     host = check_prob_rows(name, to_numpy(rows), shape=shape)
     if is_exact(host):
         return host.astype(np.float64)
+    if host.dtype == np.float64 and to_numpy(rows).dtype.itemsize < 8:  # float32/16 rows, renormalised
+        xp = namespace(rows)
+        return xp.asarray(host, device=_device(rows))
     return rows
 
 
@@ -165,8 +169,11 @@ def sample_steps(p_target, q_draft, n: int, rng, *, draft_tokens=None) -> StepSa
     k = kp1 - 1
     q_draft = _as_float_rows("q_draft", q_draft, (k, v))
     n = check_positive_int("n", n)
-    if not callable(getattr(rng, "random", None)):
-        raise SpecrefError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    # an instance with random(shape): not None, the Generator class, the np.random module or a RandomState
+    if (isinstance(rng, (type, types.ModuleType, np.random.RandomState))
+            or not callable(getattr(rng, "random", None))):
+        raise SpecrefError(f"rng must be a numpy.random.Generator instance (numpy.random.default_rng(seed)), "
+                           f"got {'the class ' + rng.__name__ if isinstance(rng, type) else repr(rng)[:80]}")
     fixed = None if draft_tokens is None else _check_draft_tokens(draft_tokens, to_numpy(q_draft), n)
 
     dev = _device(p_target)
