@@ -90,7 +90,8 @@ def tree_rows(target_row, paths):
 
 
 def tree_block(target_row, draft_row, *, widths, scheme, verify, rng):
-    """One iteration: ``(emitted tokens, path, tree)``."""
+    """One iteration: ``(emitted tokens, path, tree)``; ``verify`` a verifier or its name in ``VERIFIERS``."""
+    verify = _verifier(verify)
     tree, q_draft, paths = draft_tree(widths, draft_row, scheme, rng)
     p_target = tree_rows(target_row, paths)
     p_target, q_draft = same_kind(p_target, q_draft)

@@ -1,0 +1,153 @@
+"""Cost of exact tree verification, and expected accepted length per tree shape.
+
+Headline: the exact law of one tree step, depth 3, width 2 (14 draft nodes), V = 8,
+random bigram tables (``toy_models.ngram.NGramModel.random``, order 2), Fraction rows:
+
+- ``pointmass``: the tree-level oracle's program for the point-mass verifier (top-2
+  drafting, every coin enumerated, the block completed to 4 tokens), against the target
+  law of 4 tokens (TV must be 0);
+- ``rrs`` / ``rrs_without_replacement`` / ``kseq``: the verifier's own law over
+  ``(path, next token)`` for one drafted tree with sampled children (the drafts fixed).
+
+Then E[accepted draft tokens per step] for chain / width 2 / width 4 trees of depth
+1..4, exact (from the law of one step at the prompt) beside a measured mean on the toy
+transformer pair (``specref.verify.transformer_pair``, float rows, N steps).
+
+    python benchmarks/bench_tree.py [--repeats 3] [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def machine_info() -> dict:
+    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "numpy": np.__version__}
+
+
+def timed(fn, repeats):
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def headline(repeats: int) -> list[dict]:
+    from specref.core import tree_verify
+    from specref.decoding.tree import draft_tree, tree_rows
+    from specref.verification.laws import compare, law
+    from specref.verification.trees import TreeCase, tree_program
+    from toy_models.ngram import NGramModel
+
+    V = 8
+    target = NGramModel.random(order=2, vocab_size=V, seed=1).exact
+    draft = NGramModel.random(order=2, vocab_size=V, seed=2, zero_frac=0.25).exact
+    rows = []
+    def table(model):  # [V, V]: the bigram row after each token
+        return np.stack([model.probs([a])[-1] for a in range(V)])
+
+    case = TreeCase("bench", table(target), table(draft), widths=(2, 2, 2), drafting="topk")
+    program, expected = tree_program(tree_verify.pointmass_verify, case, time_limit=60)
+    seconds, got = timed(lambda: law(lambda rng: program(rng, rng)), repeats)
+    rows.append({"what": "pointmass oracle step, depth 3 width 2, V=8", "seconds": seconds, "paths": got.paths,
+                 "outputs": len(got), "tv": str(compare(got, expected).tv)})
+    for name, scheme in [("rrs_with_replacement", "iid"), ("rrs_without_replacement", "without_replacement"),
+                         ("kseq", "iid")]:
+        gen = np.random.default_rng(0)
+        row_of = {}
+
+        def row(model, path):
+            key = (id(model), path)
+            if key not in row_of:
+                row_of[key] = model.probs([0, *path])[-1]
+            return row_of[key]
+
+        tree, q, paths = draft_tree((2, 2, 2), lambda path: row(draft, path), scheme, gen)
+        p = tree_rows(lambda path: row(target, path), paths)
+        verify = tree_verify.VERIFIERS[name]
+        seconds, got = timed(lambda: law(lambda rng: _step(verify, tree, p, q, rng)), repeats)
+        rows.append({"what": f"{name} verifier law, one drafted tree, depth 3 width 2, V=8", "seconds": seconds,
+                     "paths": got.paths, "outputs": len(got)})
+    return rows
+
+
+def _step(verify, tree, p, q, rng):
+    path, token = verify(tree, p, q, rng)
+    return tuple(path), token
+
+
+SHAPES = {"chain": 1, "width 2": 2, "width 4": 4}
+
+
+def accepted_length(samples: int) -> list[dict]:
+    """Exact E[accepted] at the prompt (law of one step) and the mean over `samples` steps, transformer pair."""
+    from specref.core.sampling import SamplingConfig
+    from specref.decoding.chain import next_token_probs
+    from specref.decoding.tree import tree_block
+    from specref.verification.laws import law
+    from specref.verify import transformer_pair
+
+    target, draft, prompt = transformer_pair()
+    config = SamplingConfig()
+    memo = {}
+
+    def row(model, path):
+        key = (id(model), path)
+        if key not in memo:
+            memo[key] = next_token_probs(model, prompt + list(path), config)
+        return memo[key]
+
+    out = []
+    for shape, w in SHAPES.items():
+        for depth in range(1, 5):
+            if w ** depth > 64:  # keep the tree (and the exact enumeration) small
+                continue
+            widths = (w,) * depth
+
+            def one(rng, widths=widths):
+                _, path, _ = tree_block(lambda p: row(target, p), lambda p: row(draft, p), widths=widths,
+                                        scheme="topk", verify="pointmass", rng=rng)
+                return len(path)
+
+            exact = sum(k * v for k, v in law(one).items())
+            gen = np.random.default_rng(depth * 10 + w)
+            measured = float(np.mean([one(gen) for _ in range(samples)]))
+            out.append({"shape": shape, "depth": depth, "nodes": sum(w ** d for d in range(1, depth + 1)),
+                        "exact": float(exact), "measured": measured, "samples": samples})
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="one repeat, fewer samples")
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args(argv)
+    repeats = 1 if args.quick else args.repeats
+    out = {"machine": machine_info(), "argv": sys.argv[1:], "headline": headline(repeats),
+           "accepted_length": accepted_length(200 if args.quick else 2000)}
+    for r in out["headline"]:
+        print(f"{r['what']:<70} {r['seconds']:7.3f} s  paths={r['paths']}  outputs={r['outputs']}"
+              + (f"  TV={r['tv']}" if "tv" in r else ""))
+    print(f"\n{'shape':<8} {'depth':>5} {'nodes':>5} {'E[accepted] exact':>18} {'measured':>9}")
+    for r in out["accepted_length"]:
+        print(f"{r['shape']:<8} {r['depth']:>5} {r['nodes']:>5} {r['exact']:>18.4f} {r['measured']:>9.4f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return out
+
+
+if __name__ == "__main__":
+    main()
