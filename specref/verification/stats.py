@@ -60,9 +60,12 @@ def _check_counts_probs(counts, probs) -> tuple[np.ndarray, np.ndarray]:
         raise SpecrefError(f"counts must hold integers, got dtype {c.dtype}")
     if np.any(c < 0):
         raise SpecrefError(f"counts[{int(np.argmax(c < 0))}] is negative: {c[np.argmax(c < 0)]}")
-    c = c.astype(np.int64)
-    if c.sum() == 0:
+    n = sum(int(x) for x in c.tolist())  # exact: Python integers cannot overflow
+    if n == 0:
         raise SpecrefError("counts are all zero: no samples (N = 0)")
+    if n > MAX_COUNT_TOTAL:  # beyond it float64 (the statistic's arithmetic) no longer holds counts exactly
+        raise SpecrefError(f"counts total N = {n}, over {MAX_COUNT_TOTAL} (2**53): too large to test in float64")
+    c = c.astype(np.int64)
     p = check_prob_rows("probs", to_numpy(probs), shape=(c.shape[0],))
     p = p.astype(np.float64) if is_exact(p) else np.asarray(p, dtype=np.float64)
     return c, p
@@ -74,9 +77,12 @@ def _check_open_unit(name: str, value) -> float:
     return float(value)
 
 
+MAX_COUNT_TOTAL = 2**53  # counts (and N) up to this are exact in float64
+
+
 def _check_min_expected(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not value > 0:
-        raise SpecrefError(f"min_expected must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0 < value < math.inf:
+        raise SpecrefError(f"min_expected must be a positive finite number, got {value!r}")
     return float(value)
 
 
