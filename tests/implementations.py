@@ -31,3 +31,33 @@ def decoder_reference(target, draft, prompt, *, k, config, max_new_tokens, stop_
     """The reference decoder in the oracle's decoder signature."""
     return speculative_decode(target, draft, prompt, k=k, config=config, max_new_tokens=max_new_tokens,
                               stop_tokens=stop_tokens, rng=rng).tokens
+
+
+def reference_with_seed(p_target, q_draft, draft_tokens, seed):
+    """The reference step in statistical mode: its own generator, seeded by the oracle."""
+    import numpy as np
+
+    return speculative_step(p_target, q_draft, draft_tokens, np.random.default_rng(seed))
+
+
+def resample_from_p_with_seed(p_target, q_draft, draft_tokens, seed):
+    """SPEC §7.1 in statistical mode."""
+    import numpy as np
+
+    return resample_from_p(p_target, q_draft, draft_tokens, np.random.default_rng(seed))
+
+
+def slow_reference_with_seed(p_target, q_draft, draft_tokens, seed):
+    """The reference, 1 ms a call: long enough for a test to kill a worker mid-run."""
+    import time
+
+    time.sleep(0.001)
+    return reference_with_seed(p_target, q_draft, draft_tokens, seed)
+
+
+def raises_on_token_two(p_target, q_draft, draft_tokens, seed):
+    """Correct until it emits token 2, then raises (a crash that depends on the sample)."""
+    out = reference_with_seed(p_target, q_draft, draft_tokens, seed)
+    if 2 in out:
+        raise RuntimeError("token 2")
+    return out

@@ -38,7 +38,9 @@ with the case that caused it.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import fields, replace
+from functools import partial
 
 import numpy as np
 
@@ -46,11 +48,15 @@ from specref.core.errors import SpecrefError, check_positive_int
 from specref.core.sampling import SamplingConfig
 from specref.core.step import draw
 from specref.decoding.chain import next_token_probs
-from specref.verification.calling import Misbehaved, call, checked_tokens
+from specref.verification.calling import call, checked_tokens
+from specref.verification.calling import run_case as guarded_case
+from specref.verification.progress import progress_bar
 from specref.verification.cases import Case, default_cases, fixed_cases, strategy_cases
 from specref.verification.laws import compare, law, target_law
 from specref.verification.levels import LEVELS, Level, register
-from specref.verification.report import DIFFERS, OK, CaseResult, Report, Settings
+from specref.verification.report import DIFFERS, INTERNAL, OK, CaseResult, Report, Settings
+from specref.verification.rules import RulesReport, declare_rules, ruled, rules_of
+from specref.verification.shards import check_travel, tally
 from specref.verification.stats import compare_counts, samples_needed
 
 __all__ = [
@@ -72,11 +78,14 @@ __all__ = [
 ]
 
 
-def check(level: str, fn, *, cases=None, settings: Settings | None = None, **fields_) -> Report:
+def check(level: str, fn, *, cases=None, settings: Settings | None = None, rules=None, **fields_) -> Report:
     """Check ``fn`` at ``level`` (a key of :data:`LEVELS`) on ``cases`` (default: the level's own).
 
     Settings come as one :class:`Settings`, or as its fields by keyword
     (``check("step", fn, mode="statistical")``); keywords override ``settings``.
+    ``rules`` (logits and decoder levels): the implementation's declared rule order or its
+    own plain sampler (:mod:`specref.verification.rules`); speculative output is then
+    checked against that sampler, and the report says so.
     """
     if level not in LEVELS:
         raise SpecrefError(f"level must be one of {', '.join(map(repr, LEVELS))}, got {level!r}")
@@ -87,28 +96,76 @@ def check(level: str, fn, *, cases=None, settings: Settings | None = None, **fie
     spec = LEVELS[level]
     if not callable(fn):
         raise SpecrefError(f"the implementation must be callable, got {fn!r}")
+    if rules is not None:
+        fn = declare_rules(fn, rules)
+    if rules_of(fn) is not None and level not in ("logits", "decoder"):
+        raise SpecrefError(f"rules apply at the logits and decoder levels, not {level!r}")
     cases = spec.cases() if cases is None else list(cases)
     if not cases:
         raise SpecrefError(f"cases is empty: a check on no case proves nothing (level {level!r})")
-    return spec.run(spec, fn, cases, settings)
+    if settings.mode == "statistical":
+        check_travel(settings.executor, fn)  # before any case runs: a usage error, not the implementation's
+    report = spec.run(spec, fn, cases, settings)
+    return report if rules_of(fn) is None else RulesReport.of(report, rules_of(fn))
 
 
 def run_programs(spec: Level, fn, cases, settings: Settings) -> Report:
     """Step, logits and decoder levels: each case is a randomized program with an exact law,
     enumerated (exact mode) or sampled and G-tested (statistical mode)."""
     for c in cases:
-        _check_case(spec, c)
+        _check_case(spec, c, settings.max_paths)
     level = spec.name
     report = Report(level=level, mode=settings.mode)
+    # an executor's shards run in processes of their own; otherwise the whole case runs in a forked worker
+    isolate = settings.isolate and getattr(settings, "executor", None) is None
     for i, case in enumerate(cases):
+        snapshot = copy.deepcopy(case)  # the case as handed in: a counterexample must reproduce from it
         run_case = case if settings.mode == "exact" else case.as_float()
         program, expected = spec.program(fn, run_case, settings.time_limit)
         if settings.mode == "exact":
-            report.results.append(_exact(case, program, expected, settings.tolerance))
+            body = partial(_exact, case, program, expected, settings.tolerance, settings.max_paths)
         else:
-            report.results.append(_statistical(case, program, expected, settings.samples, settings.seed + i,
-                                               settings.alpha, settings.detect_tv))
+            recipe = partial(_program_of, level, fn, run_case, settings.time_limit)  # rebuilt where it runs
+            body = partial(_statistical, case, recipe, expected, settings, settings.seed + i)
+        result = guarded_case(body, case, isolate=isolate, time_limit=settings.time_limit,
+                              case_time_limit=settings.case_time_limit)
+        report.results.append(_rechecked(spec, result, snapshot, expected, settings))
     return report
+
+
+def _reference(level):
+    """specref's own implementation at a level, for re-checking a counterexample."""
+    from specref.core.sampling import process
+    from specref.core.step import speculative_step
+    from specref.decoding.chain import speculative_decode
+
+    if level == "step":
+        return speculative_step
+    if level == "logits":
+        return lambda t, d, x, config, rng: speculative_step(process(t, config), process(d, config), x, rng)
+    return lambda target, draft, prompt, **kw: speculative_decode(target, draft, prompt, **kw).tokens
+
+
+def _rechecked(spec, result, snapshot, expected, settings):
+    """A case that differs is reported only if it is intact and the reference preserves on it."""
+    if result.status != DIFFERS or spec.name not in ("step", "logits", "decoder"):
+        return result
+    case = result.case
+    same = all(np.array_equal(getattr(case, f), getattr(snapshot, f)) for f in ("target", "draft")) and (
+        (case.prompt, case.k, case.config, case.max_new_tokens, case.stop_tokens)
+        == (snapshot.prompt, snapshot.k, snapshot.config, snapshot.max_new_tokens, snapshot.stop_tokens))
+    if not same:
+        result.status, result.case = INTERNAL, snapshot
+        result.detail = "the case changed while it was checked; " + result.detail
+        return result
+    program, reference_law = spec.program(_reference(spec.name), snapshot, settings.time_limit)
+    check = guarded_case(partial(_exact, snapshot, program, reference_law, settings.tolerance, settings.max_paths),
+                         snapshot, isolate=False, time_limit=settings.time_limit,
+                         case_time_limit=settings.case_time_limit)
+    if check.status != OK or compare(reference_law, expected).tv > settings.tolerance:
+        result.status = INTERNAL
+        result.detail = f"the reference does not reproduce this case's law ({check.status}); " + result.detail
+    return result
 
 
 def check_step(step_fn, **options) -> Report:
@@ -126,7 +183,7 @@ def check_decoder(decode_fn, **options) -> Report:
     return check("decoder", decode_fn, **options)
 
 
-def _check_case(spec: Level, case):
+def _check_case(spec: Level, case, max_paths: int):
     level = spec.name
     if not isinstance(case, Case):
         raise SpecrefError(f"cases must hold specref.verification.cases.Case objects, got {case!r}")
@@ -141,20 +198,30 @@ def _check_case(spec: Level, case):
         raise SpecrefError(f"case {case.name!r}: step-level tables are final distributions; config must be default")
     case.models()  # validates the tables
     check_positive_int("k", case.k)
+    V, n = case.vocab_size, case.max_new_tokens if level == "decoder" else case.k + 1
+    prefixes = sum(V ** i for i in range(n)) if V > 1 else n  # model queries of the target law
+    if prefixes > max_paths:
+        raise SpecrefError(f"case {case.name!r}: its target law has up to {prefixes} prefixes (V={V}, "
+                           f"{n} tokens), over max_paths={max_paths}; shrink the case or raise max_paths")
 
 
 def _decoder_program(fn, case, time_limit):
     """Decoder level: the output must have the target sampler's law."""
-    target, draft = case.models()
+    target, _ = case.models()
     V, prompt = case.vocab_size, list(case.prompt)
+    n = case.max_new_tokens
 
     def program(rng, impl_rng):
-        out = call(fn, (target, draft, list(prompt)),
-                    dict(k=case.k, config=case.config, max_new_tokens=case.max_new_tokens,
-                         stop_tokens=list(case.stop_tokens), rng=impl_rng), time_limit)
-        return tuple(checked_tokens(out, V, min_len=0, max_len=10 ** 6, what="decode_fn"))
+        # fresh models and config for every call: what the implementation does to them stays there
+        fresh = replace(case, target=case.target.copy(), draft=case.draft.copy())
+        out = call(fn, (*fresh.models(), list(prompt)),
+                   dict(k=case.k, config=copy.copy(case.config), max_new_tokens=n,
+                        stop_tokens=list(case.stop_tokens), rng=impl_rng), time_limit,
+                   convert=lambda out: checked_tokens(out, V, min_len=0, max_len=n, what="decode_fn"))
+        return tuple(out)
 
-    return program, target_law(target, prompt, case.config, case.max_new_tokens, case.stop_tokens)
+    law_model, law_config = ruled(target, case.config, rules_of(fn))  # the target's own plain sampler
+    return program, target_law(law_model, prompt, law_config, case.max_new_tokens, case.stop_tokens)
 
 
 def _step_program(fn, case, time_limit, *, logits=False):
@@ -164,6 +231,8 @@ def _step_program(fn, case, time_limit, *, logits=False):
     target, draft = case.models()
     V, k, config, prompt = case.vocab_size, case.k, case.config, list(case.prompt)
     rows = {}  # processed next-token rows per prefix: the oracle's own, computed once
+    (law_t, law_config), (law_d, _) = ruled(target, config, rules_of(fn)), ruled(draft, config, rules_of(fn))
+    law_models = {id(target): law_t, id(draft): law_d}  # seen through the implementation's declared rules
 
     def raw(model, context):  # unprocessed rows, a fresh copy for the implementation
         return (model(context) if logits else model.probs(context)).copy()
@@ -171,7 +240,7 @@ def _step_program(fn, case, time_limit, *, logits=False):
     def row(model, context):
         key = (id(model), tuple(context))
         if key not in rows:
-            rows[key] = next_token_probs(model, context, config)
+            rows[key] = next_token_probs(law_models[id(model)], context, law_config)
         return rows[key]
 
     def program(rng, impl_rng):
@@ -181,21 +250,19 @@ def _step_program(fn, case, time_limit, *, logits=False):
         drafted = context[len(prompt):]
         # the K+1 target rows and K draft rows for the prefixes prompt + x_<i, as the model gives them
         t_rows, d_rows = raw(target, context)[-(k + 1):], raw(draft, context[:-1])[-k:]
-        args = (t_rows, d_rows, np.array(drafted)) + ((config,) if logits else ())
-        out = checked_tokens(call(fn, args + (impl_rng,), {}, time_limit), V, min_len=1, max_len=k + 1,
-                      what="step_fn")
+        args = (t_rows, d_rows, np.array(drafted)) + ((copy.copy(config),) if logits else ())
+        out = call(fn, args + (impl_rng,), {}, time_limit,
+                   convert=lambda out: checked_tokens(out, V, min_len=1, max_len=k + 1, what="step_fn"))
         while len(out) < k + 1:  # complete the block by target sampling
             out.append(draw(rng, row(target, prompt + out)))
         return tuple(out)
 
-    return program, target_law(target, prompt, config, k + 1)
+    return program, target_law(law_t, prompt, law_config, k + 1)
 
 
-def _exact(case, program, expected, tolerance):
-    try:
-        got = law(lambda rng: program(rng, rng))
-    except Misbehaved as m:
-        return CaseResult(case, m.status, detail=m.detail)
+def _exact(case, program, expected, tolerance, max_paths):
+    """One case enumerated; misbehaviour propagates as Misbehaved (calling.run_case makes it a status)."""
+    got = law(lambda rng: program(rng, rng), max_paths=max_paths)
     c = compare(got, expected)
     status = OK if c.tv <= tolerance else DIFFERS
     detail = "" if status == OK else "worst outputs (output, got, target): " + ", ".join(
@@ -204,24 +271,24 @@ def _exact(case, program, expected, tolerance):
     return CaseResult(case, status, tv=c.tv, detail=detail)
 
 
-def _statistical(case, program, expected, samples, seed, alpha, detect_tv):
+def _program_of(level, fn, case, time_limit):
+    """The level's program for a case, built where it runs (a shard's worker, or here)."""
+    return LEVELS[level].program(fn, case, time_limit)[0]
+
+
+def _statistical(case, recipe, expected, settings, seed):
+    """N samples in shards (:mod:`specref.verification.shards`), then a pooled G-test."""
     outcomes = sorted(expected)
-    index = {o: i for i, o in enumerate(outcomes)}
     null = np.array([float(expected[o]) for o in outcomes] + [0.0])  # last bin: outputs the target never makes
-    n = samples or samples_needed(detect_tv, alpha, 0.9, len(null), null=null)
-    gen = np.random.default_rng(seed)
-    counts = np.zeros(len(null), dtype=np.int64)
-    strays = {}
-    try:
-        for _ in range(n):
-            out = program(gen, int(gen.integers(2 ** 63)))
-            j = index.get(out)
-            if j is None:
-                strays[out] = strays.get(out, 0) + 1
-                j = len(outcomes)
-            counts[j] += 1
-    except Misbehaved as m:
-        return CaseResult(case, m.status, detail=m.detail)
+    alpha = settings.alpha
+    n = settings.samples or samples_needed(settings.detect_tv, alpha, 0.9, len(null), null=null)
+    with progress_bar(n, f"{case.name}", enabled=settings.progress) as bar:
+        t = tally(recipe, outcomes, n, seed, executor=settings.executor, shard_blocks=settings.shard_blocks,
+                  progress=bar, store=settings.shard_store)
+    if t.misbehaved:
+        _, status, detail = t.misbehaved
+        return CaseResult(case, status, detail=detail)
+    counts, strays = t.counts, t.strays
     result = compare_counts(counts, null, alpha=alpha)
     est = result.tv
     detail = f"{result.g}"
@@ -244,3 +311,4 @@ register(Level("decoder", "decode_fn(target, draft, prompt, *, k, config, max_ne
 # Levels defined in other modules of this floor register themselves when imported here, so that
 # check() and the CLI see every level (one import line per module below).
 from specref.verification import trees  # noqa: E402,F401  registers "tree"
+from specref.verification import batched  # noqa: E402,F401  registers "batched" and "draft_and_verify"

@@ -11,11 +11,18 @@ from fractions import Fraction
 
 from specref.core.errors import SpecrefError, check_positive_int
 
-__all__ = ["Settings", "CaseResult", "Report", "OK", "DIFFERS", "RAISED", "INVALID", "TIMEOUT", "ARITHMETIC"]
+__all__ = ["Settings", "CaseResult", "Report", "OK", "DIFFERS", "RAISED", "INVALID", "TIMEOUT", "ARITHMETIC",
+           "CRASHED", "BUDGET", "RNG_MISUSE", "INTERNAL", "MAX_TOLERANCE", "TABLE_DETAIL"]
 
 OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
     "ok", "differs", "raised", "invalid output", "timeout", "lazy-uniform arithmetic",
 )
+CRASHED = "crashed"  # an isolated worker died: os._exit, a segfault, a signal
+BUDGET = "over budget"  # exact mode: the enumeration ran over max_paths
+RNG_MISUSE = "bad rng use"  # exact mode: randomness not drawn from the rng handed over (not replayable)
+INTERNAL = "internal error"  # the oracle's own failure (never the implementation's): the CLI exits 2
+MAX_TOLERANCE = 1e-3  # exact mode: a larger tolerance could let a wrong implementation pass
+TABLE_DETAIL = 300  # characters of a detail shown in a report's table (to_json keeps it whole)
 
 
 # ---------------------------------------------------------------- settings
@@ -32,6 +39,13 @@ class Settings:
     detect_tv: float = 0.01  # statistical mode: the TV that N is planned to detect with power 0.9
     tolerance: float = 1e-9  # exact mode: TV above this differs
     time_limit: float = 10.0  # seconds per call of the implementation
+    isolate: bool = False  # run each case in a forked worker with a hard deadline (the CLI's default)
+    case_time_limit: float = 300.0  # seconds per case (every call and the enumeration or sampling)
+    max_paths: int = 10**6  # exact mode: enumerated paths per case (the target law's prefixes too)
+    executor: object = field(default=None, compare=False)  # statistical mode: a concurrent.futures.Executor for the shards
+    shard_blocks: int = 32  # statistical mode: blocks of 1024 samples per shard (the verdict does not depend on it)
+    progress: bool = True  # statistical mode: a progress bar on a terminal for runs over 2 s
+    shard_store: object = field(default=None, compare=False)  # statistical mode: a dict keeping finished shards (sweeps resume from it)
 
     def __post_init__(self):
         if self.mode not in ("exact", "statistical"):
@@ -39,13 +53,24 @@ class Settings:
         if self.samples is not None:
             check_positive_int("samples", self.samples)
         check_positive_int("seed", self.seed, minimum=0)
-        for name, upper in (("alpha", 1), ("detect_tv", 1), ("tolerance", 1)):
+        if self.seed >= 2**63:
+            raise SpecrefError(f"seed must be below 2**63, got {self.seed!r}")
+        for name, upper in (("alpha", 1), ("detect_tv", 1), ("tolerance", MAX_TOLERANCE)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < upper:
                 raise SpecrefError(f"{name} must be a number in (0, {upper}), got {value!r}")
-        t = self.time_limit
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
-            raise SpecrefError(f"time_limit must be a positive finite number of seconds, got {t!r}")
+        for name in ("time_limit", "case_time_limit"):
+            t = getattr(self, name)
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
+                raise SpecrefError(f"{name} must be a positive finite number of seconds, got {t!r}")
+        if not isinstance(self.isolate, bool):
+            raise SpecrefError(f"isolate must be True or False, got {self.isolate!r}")
+        check_positive_int("max_paths", self.max_paths)
+        if self.executor is not None and not callable(getattr(self.executor, "submit", None)):
+            raise SpecrefError(f"executor must be a concurrent.futures.Executor (with submit), got {self.executor!r}")
+        check_positive_int("shard_blocks", self.shard_blocks)
+        if not isinstance(self.progress, bool):
+            raise SpecrefError(f"progress must be True or False, got {self.progress!r}")
 
 
 # ---------------------------------------------------------------- results
@@ -98,8 +123,26 @@ class Report:
         for r in self.results:
             tv = "-" if r.tv is None else f"{float(r.tv):.3g}"
             extra = f"N={r.n_samples}, p={r.p_value:.2g}; " if r.n_samples else ""
-            lines.append(f"{r.case.name:<24} {r.status:<24} {tv:>12}  {extra}{r.detail}")
+            detail = r.detail if len(r.detail) <= TABLE_DETAIL else (
+                r.detail[:TABLE_DETAIL] + f"... [{len(r.detail) - TABLE_DETAIL} more characters]")
+            lines.append(f"{r.case.name:<24} {r.status:<24} {tv:>12}  {extra}{detail}")
         return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        """The whole record (details uncut): verdict, and per case its data, status and numbers."""
+        def number(v):
+            return None if v is None else (str(v) if isinstance(v, Fraction) else float(v))
+
+        def case_data(c):
+            return c.to_json() if callable(getattr(c, "to_json", None)) else {"name": getattr(c, "name", repr(c))}
+
+        return {
+            "level": self.level, "mode": self.mode, "ok": self.ok, "worst_tv": number(self.worst_tv),
+            "results": [{"case": case_data(r.case), "status": r.status, "tv": number(r.tv), "detail": r.detail,
+                         "n_samples": r.n_samples, "p_value": r.p_value,
+                         "tv_interval": None if r.tv_interval is None else [number(v) for v in r.tv_interval]}
+                        for r in self.results],
+        }
 
     def __str__(self):
         verdict = "preserves the target distribution" if self.ok else (
