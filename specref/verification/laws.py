@@ -169,16 +169,16 @@ class LazyUniform:
     # u < t and u <= t: "u is below t"; u > t and u >= t: "u is not below t".
     # Reflected comparisons (t > u) reach these through Python's operator swap.
     def __lt__(self, t):
-        return self._rng._below(self, t, True)
+        return self._rng._below(self, t, True, True)
 
     def __le__(self, t):
-        return self._rng._below(self, t, True)
+        return self._rng._below(self, t, True, False)
 
-    def __gt__(self, t):
-        return self._rng._below(self, t, False)
+    def __gt__(self, t):  # u > t is "not u <= t"
+        return self._rng._below(self, t, False, False)
 
-    def __ge__(self, t):
-        return self._rng._below(self, t, False)
+    def __ge__(self, t):  # u >= t is "not u < t"
+        return self._rng._below(self, t, False, True)
 
     def __eq__(self, other):
         if other is self:
@@ -278,9 +278,9 @@ class _EnumeratingGenerator:
     per comparison and a rounding error per refinement.
     """
 
-    __slots__ = ("_forced", "_n_forced", "_pos", "_node", "_weight", "_stack", "_split")
+    __slots__ = ("_forced", "_n_forced", "_pos", "_node", "_weight", "_stack", "_split", "_grid")
 
-    def __init__(self, forced: list, node, weight, stack: list):
+    def __init__(self, forced: list, node, weight, stack: list, grid: int | None = None):
         self._forced = forced
         self._n_forced = len(forced)
         self._pos = 0
@@ -288,6 +288,7 @@ class _EnumeratingGenerator:
         self._weight = weight  # product of the path's choice probabilities
         self._stack = stack  # branches still to explore: (node, choice weight)
         self._split: list = []  # lazy uniforms narrowed on this run
+        self._grid = grid  # None: continuous uniforms; m: uniforms on the grid {k 2^-m} in [0, 1)
 
     def _branch(self, branches: list):
         """Take ``branches[0]``, leave the others for later runs; returns its decision."""
@@ -322,13 +323,22 @@ class _EnumeratingGenerator:
             flat[i] = LazyUniform(self)
         return arr
 
-    def _below(self, u: LazyUniform, t, want: bool) -> bool:
-        """Answer "u is below t" (== want): decided by the interval, forced, or a new branch."""
+    def _below(self, u: LazyUniform, t, want: bool, strict: bool = True) -> bool:
+        """Answer "u is below t" (== want): decided by the interval, forced, or a new branch.
+
+        ``strict``: below means ``u < t`` (else ``u <= t``).  For a continuous uniform the two
+        differ on a set of measure zero; on the grid of ``law(..., grid=m)`` the comparison
+        splits at the first grid point not below t, so ``u <= 0`` has probability ``2^-m``.
+        """
         if u._rng is not self:
             raise SpecrefError("a lazy uniform was kept from another run of the program and compared later")
         t = _threshold(t)
         if t is None:  # NaN: every comparison is False, as for a real float
             return False
+        if self._grid is not None:  # the grid points below t are k 2^-m with k < s
+            scaled = Fraction(t) * (1 << self._grid)  # exact: floats are dyadic rationals
+            s = math.ceil(scaled) if strict else math.floor(scaled) + 1
+            t = Fraction(s, 1 << self._grid)
         lo, hi = u.lo, u.hi
         if t <= lo:
             return not want  # u >= lo >= t: never below
@@ -439,7 +449,7 @@ def _choice_branches(a, p) -> list:
     return [(i, v / total) for i, v in enumerate(vals) if v > 0]
 
 
-def _enumerate(program: Callable, leaf: Callable, max_paths: int, paths: int = 0) -> int:
+def _enumerate(program: Callable, leaf: Callable, max_paths: int, paths: int = 0, grid: int | None = None) -> int:
     """Run ``program`` once per path, calling ``leaf(output, probability)``.
 
     ``paths`` runs were already spent (by earlier states); returns the new total.
@@ -459,7 +469,7 @@ def _enumerate(program: Callable, leaf: Callable, max_paths: int, paths: int = 0
             cell, decision = cell
             forced.append(decision)
         forced.reverse()
-        rng = _EnumeratingGenerator(forced, node, weight, stack)
+        rng = _EnumeratingGenerator(forced, node, weight, stack, grid)
         output = program(rng)
         if rng._pos < rng._n_forced:
             raise SpecrefError(_NOT_REPLAYABLE)
@@ -472,7 +482,7 @@ def _enumerate(program: Callable, leaf: Callable, max_paths: int, paths: int = 0
 # ---------------------------------------------------------------------------
 
 
-def law(program: Callable[[Any], Hashable], *, max_paths: int = DEFAULT_MAX_PATHS) -> Law:
+def law(program: Callable[[Any], Hashable], *, max_paths: int = DEFAULT_MAX_PATHS, grid: int | None = None) -> Law:
     """The exact output distribution of ``program(rng) -> output`` (output hashable).
 
     ``program`` is run once per path of its tree of random choices, each time with a
@@ -482,12 +492,19 @@ def law(program: Callable[[Any], Hashable], *, max_paths: int = DEFAULT_MAX_PATH
     Exceptions raised by ``program`` propagate.  More than ``max_paths`` runs raise
     SpecrefError.
 
+    ``grid``: None (default) for continuous uniforms; an int ``m`` (24 for float32 coins,
+    53 for float64) makes every ``rng.random()`` uniform on ``{k 2^-m : 0 <= k < 2^m}``, the
+    coins engines draw, so that ``u <= t`` and ``u < t`` differ by ``2^-m`` where ``t`` is a
+    grid point (``u <= 0`` included) and an inclusive test shows as an exact, nonzero TV.
+
     >>> law(lambda rng: rng.choice(2, p=[Fraction(1, 3), Fraction(2, 3)]))
     Law({0: Fraction(1, 3), 1: Fraction(2, 3)}, paths=2, states=1)
     """
     max_paths = check_positive_int("max_paths", max_paths)
+    if grid is not None:
+        grid = check_positive_int("grid", grid)
     probs: dict = {}
-    paths = _enumerate(program, lambda output, w: _add(probs, output, w), max_paths)
+    paths = _enumerate(program, lambda output, w: _add(probs, output, w), max_paths, grid=grid)
     return Law(probs, paths=paths, states=1)
 
 
@@ -613,16 +630,22 @@ def law_iterated(
 # ---------------------------------------------------------------------------
 
 
-def target_law(model, prompt, config, max_new_tokens: int, stop_tokens=()) -> Law:
+TARGET_LAW_MAX_PREFIXES = 10**6  # model queries of target_law before it gives up
+
+
+def target_law(model, prompt, config, max_new_tokens: int, stop_tokens=(), *,
+               max_paths: int = TARGET_LAW_MAX_PREFIXES) -> Law:
     """The target sampler's law as a product of conditionals over the tree of prefixes.
 
     For every prefix, the next-token row is ``specref.decoding.chain.next_token_probs(model,
     prompt + prefix, config)`` -- the same query the decoders make.  A generated stop
     token ends its sequence (and is part of it); so does reaching ``max_new_tokens``.
     Tokens with probability 0 open no branch.  No rng and no enumeration: this is the
-    independent cross-check of :func:`law`.  ``paths`` counts model queries.
+    independent cross-check of :func:`law`.  ``paths`` counts model queries; more than
+    ``max_paths`` of them raise SpecrefError (16 new tokens over V = 3 would be 2e7).
     """
     max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens, minimum=0)
+    max_paths = check_positive_int("max_paths", max_paths)
     prompt = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
     if not prompt:
         raise SpecrefError("prompt must hold at least one token (models condition on it), got []")
@@ -636,8 +659,11 @@ def target_law(model, prompt, config, max_new_tokens: int, stop_tokens=()) -> La
     stack = [((), _ONE)]  # (generated prefix, its probability)
     while stack:
         prefix, w = stack.pop()
-        row = first if not prefix else next_token_probs(model, prompt + list(prefix), config, name="model")
         queries += 1
+        if queries > max_paths:
+            raise SpecrefError(f"target_law exceeded max_paths={max_paths} prefixes (model queries); "
+                               f"shrink max_new_tokens ({max_new_tokens}) or the vocabulary, or raise max_paths")
+        row = first if not prefix else next_token_probs(model, prompt + list(prefix), config, name="model")
         exact = row.dtype == object
         values = row.tolist()
         for x, px in enumerate(values):
@@ -676,12 +702,33 @@ class LawComparison:
         return "\n".join(lines)
 
 
+LAW_TOTAL_TOL = 1e-6  # a float law must sum to 1 within this (enumerated laws: ~1e-12)
+
+
+def _check_law(name, values):
+    if not isinstance(values, Mapping):
+        raise SpecrefError(f"{name} must be a mapping output -> probability (a Law), got {type(values).__name__}")
+    for output, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise SpecrefError(f"{name}[{_show(output)}] must be a probability, got {_show(v)}")
+        if not (isinstance(v, (Fraction, int)) or math.isfinite(v)) or v < 0:
+            raise SpecrefError(f"{name}[{_show(output)}] = {_show(v)} is not a probability (finite, >= 0)")
+    total = _sum(values.values())
+    exact = isinstance(total, Fraction)
+    if (total != 1) if exact else not abs(total - 1) <= LAW_TOTAL_TOL:
+        raise SpecrefError(f"{name} sums to {total}, not {'exactly ' if exact else ''}1: not a normalised law")
+
+
 def compare(law_a: Mapping, law_b: Mapping, *, top: int = 10) -> LawComparison:
     """Total variation, largest difference on one output, and the outputs that differ most.
 
-    Outputs missing from one law have probability 0 there.
+    Outputs missing from one law have probability 0 there.  Each law must be a mapping
+    of probabilities: real, finite, non-negative, summing to 1 (exactly for Fractions,
+    within ``LAW_TOTAL_TOL`` for floats); else SpecrefError naming ``law_a`` or ``law_b``.
     """
     top = check_positive_int("top", top, minimum=0)
+    _check_law("law_a", law_a)
+    _check_law("law_b", law_b)
     exact = all(isinstance(v, (Fraction, int)) for v in (*law_a.values(), *law_b.values()))
     rows = [(o, law_a.get(o, 0), law_b.get(o, 0)) for o in {**dict.fromkeys(law_a), **dict.fromkeys(law_b)}]
     diffs = [abs(a - b) for _, a, b in rows]

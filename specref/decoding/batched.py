@@ -1,0 +1,347 @@
+"""Batched speculative steps: B sequences at once, each with its own acceptance (SPEC §3).
+
+Leviathan et al. notation: ``p_target`` is the target, ``q_draft`` the draft (Leviathan,
+Kalman & Matias 2022, Algorithm 1; Chen et al. 2023, Algorithm 2), applied row by row:
+row ``b`` of a batch is one sequence's step, independent of every other row.
+
+:func:`batched_step` takes, per row ``b``, ``p_target[b]`` ``[K+1, V]``, ``q_draft[b]``
+``[K, V]`` (or None: point-mass drafts, as EAGLE and n-gram drafters pass) and the draft
+tokens ``draft_tokens[b]`` ``[K]``.  Rows may be ragged: row ``b`` has ``k_b <= K`` draft
+tokens (``num_draft``, or the count before the first placeholder in ``draft_tokens``) and
+its bonus row is ``p_target[b, k_b]``.  Per row:
+
+1. accept ``x_i`` iff ``u_i < p_i(x_i) / q_i(x_i)`` (point mass: ``u_i < p_i(x_i)``), for
+   ``i < k_b``, until the first rejection;
+2. on a rejection at ``i`` emit one token from the residual ``max(0, p_i - q_i)`` (point
+   mass: ``p_i`` with ``x_i`` removed), or from ``p_i`` when that mass is at most
+   ``RESIDUAL_TOL`` (SPEC §3); if all ``k_b`` are accepted emit the bonus from ``p_{k_b}``;
+3. write the emitted tokens into ``[B, K+1]``, padded with the placeholder (default -1).
+
+Randomness: ``rng.random((B, K))`` acceptance coins, then ``rng.random((B,))`` final-draw
+coins (and, in :func:`batched_draft_and_verify`, ``rng.random((B, K))`` draft coins first).
+Every draw is a comparison of a coin with thresholds -- ``u < ratio`` and, for a categorical,
+``cdf / total <= u`` -- never arithmetic on the coin.  So the same vectorised code runs on
+float coins (a ``numpy.random.Generator`` or an int seed; NumPy, CuPy or torch rows through
+array-api-compat) and on the exact enumerator's lazy uniforms over ``Fraction`` rows
+(:func:`specref.verification.laws.law`), which is how the tests compare each row's law
+with :func:`specref.core.step.speculative_step` exactly.
+
+Float32 rows are accepted: each used row must sum to 1 within :func:`row_tolerance`
+(``8 sqrt(V) eps``, eps of the row's dtype) and is renormalised in float64.  float16 and
+bfloat16 rows are refused (their rounding moves the law by more than specref can vouch for).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import NamedTuple
+
+import numpy as np
+from array_api_compat import device as _device
+
+from specref.core.backend import namespace, to_numpy
+from specref.core.errors import SpecrefError
+from specref.core.step import RESIDUAL_TOL
+
+__all__ = [
+    "PLACEHOLDER",
+    "BatchedSteps",
+    "row_tolerance",
+    "check_batched_inputs",
+    "batched_step",
+    "sample_drafts",
+    "batched_draft_and_verify",
+]
+
+PLACEHOLDER = -1  # the padding id engines use (vLLM PLACEHOLDER_TOKEN_ID, FlashInfer's -1)
+_REFUSED_DTYPES = ("float16", "bfloat16", "half")
+
+
+class BatchedSteps(NamedTuple):
+    """``B`` speculative steps: ``tokens`` [B, K+1] padded, ``n_accepted`` and ``n_emitted`` [B].
+
+    ``tokens[b, :n_emitted[b]]`` is what row ``b`` emitted: ``n_accepted[b]`` draft tokens,
+    then one residual or bonus token; ``n_emitted = n_accepted + 1``.
+    """
+
+    tokens: object  # [B, K+1] int64, placeholder after the last emitted token
+    n_accepted: object  # [B] int64
+    n_emitted: object  # [B] int64
+
+
+def row_tolerance(dtype, V: int) -> float:
+    """How far from 1 a probability row of ``dtype`` over ``V`` tokens may sum: ``8 sqrt(V) eps``.
+
+    A softmax in ``dtype`` rounds each entry by a relative ``eps`` and its sum by about
+    ``sqrt(V) eps`` (pairwise summation); 8x that is the documented slack, at least 1e-9
+    (specref's float64 row tolerance).  float32 at V = 32,000: 1.7e-4.
+    """
+    dt = np.dtype(dtype)
+    eps = float(np.finfo(dt).eps) if dt.kind == "f" else 0.0
+    return max(1e-9, 8.0 * math.sqrt(V) * eps)
+
+
+def _dtype_name(x) -> str:
+    return str(getattr(x, "dtype", type(x).__name__)).replace("torch.", "")
+
+
+def _host_rows(name, rows, shape, used):
+    """Validated float64 (or Fraction) host rows ``[B, R, V]``; ``used`` [B, R] marks rows checked."""
+    dtype = _dtype_name(rows)
+    if any(d == dtype for d in _REFUSED_DTYPES):
+        raise SpecrefError(f"{name} has dtype {dtype}: float16/bfloat16 rows are refused (round them to "
+                           "float32 or float64 first; their rounding moves the law by more than a tolerance)")
+    host = to_numpy(rows)
+    if host.ndim != 3:
+        raise SpecrefError(f"{name} must have shape {shape}, got {tuple(host.shape)}")
+    if host.dtype == object:
+        return _exact_rows(name, host, used)
+    if host.dtype.kind not in "f":
+        raise SpecrefError(f"{name} must hold float32/float64 probabilities, got dtype {host.dtype}")
+    V = host.shape[2]
+    tol = row_tolerance(host.dtype, V)
+    rows64 = host.astype(np.float64)  # one copy, renormalised in place below
+    sums = rows64.sum(axis=2)  # NaN and inf entries make their row's sum non-finite
+    bad = ~np.isfinite(sums) & used
+    if bad.any():
+        b, i = map(int, np.argwhere(bad)[0])
+        raise SpecrefError(f"{name}[{b}, {i}] (row {b}) is not finite (NaN or inf)")
+    neg = (rows64.min(axis=2) < 0) & used
+    if neg.any():
+        b, i = map(int, np.argwhere(neg)[0])
+        raise SpecrefError(f"{name}[{b}, {i}] (row {b}) has a negative entry")
+    off = (np.abs(sums - 1.0) > tol) & used
+    if off.any():
+        b, i = map(int, np.argwhere(off)[0])
+        raise SpecrefError(f"{name}[{b}, {i}] (row {b}) sums to {sums[b, i]!r}, not 1 within "
+                           f"{tol:.3g} (row_tolerance({host.dtype}, V={V}))")
+    if not used.all():  # unused rows: any distribution, never read for a draw
+        rows64[~used] = 1.0 / V
+        sums[~used] = 1.0
+    rows64 /= sums[..., None]  # renormalise in float64
+    return rows64
+
+
+def _exact_rows(name, host, used):
+    for (b, i), u in np.ndenumerate(used):
+        if not u:
+            continue
+        row = host[b, i]
+        if not all(type(v) in (Fraction, int) for v in row):
+            raise SpecrefError(f"{name}[{b}, {i}] (row {b}) must hold Fractions (object rows are exact)")
+        if min(row) < 0 or sum(row) != 1:
+            raise SpecrefError(f"{name}[{b}, {i}] (row {b}) is not a distribution: sums to {sum(row)}")
+    V = host.shape[2]
+    out = host.copy()
+    out[~used] = Fraction(1, V)
+    return out
+
+
+def check_batched_inputs(p_target, q_draft, draft_tokens, num_draft=None, *, placeholder: int = PLACEHOLDER):
+    """Validate one batch; host ``(p [B, K+1, V], q [B, K, V] | None, x [B, K], k [B])``.
+
+    ``num_draft`` [B] (each in 0..K) gives the ragged counts; None infers them from
+    ``draft_tokens`` (the entries before the first placeholder).  Entries at or after
+    ``k_b`` must be the placeholder; entries before must be ids in ``0..V-1`` with
+    ``q_draft[b, i, x] > 0``.  Every message names the argument and the row.
+    """
+    x = to_numpy(draft_tokens)
+    if x.ndim != 2:
+        raise SpecrefError(f"draft_tokens must have shape [B, K], got {tuple(x.shape)}")
+    if x.dtype.kind not in "iu":
+        raise SpecrefError(f"draft_tokens must hold integer ids, got dtype {x.dtype}")
+    B, K = x.shape
+    pshape = tuple(getattr(p_target, "shape", ()))
+    if len(pshape) != 3 or pshape[0] != B or pshape[1] != K + 1:
+        raise SpecrefError(f"p_target must have shape [B, K+1, V] = [{B}, {K + 1}, V] for draft_tokens "
+                           f"[{B}, {K}], got {list(pshape)}")
+    V = int(pshape[2])
+    if q_draft is not None:
+        qshape = tuple(getattr(q_draft, "shape", ()))
+        if qshape != (B, K, V):
+            raise SpecrefError(f"q_draft must have shape [B, K, V] = [{B}, {K}, {V}] (from p_target and "
+                               f"draft_tokens), got {list(qshape)}")
+    x = x.astype(np.int64)
+    is_pad = x == placeholder
+    if num_draft is None:
+        k = np.where(is_pad.any(axis=1), is_pad.argmax(axis=1), K).astype(np.int64)
+    else:
+        k = to_numpy(num_draft)
+        if k.shape != (B,) or k.dtype.kind not in "iu":
+            raise SpecrefError(f"num_draft must be [B] = [{B}] integers, got {k.dtype} {tuple(k.shape)}")
+        k = k.astype(np.int64)
+        if (k < 0).any() or (k > K).any():
+            b = int(np.argmax((k < 0) | (k > K)))
+            raise SpecrefError(f"num_draft[{b}] = {k[b]} (row {b}) is outside 0..K = 0..{K}")
+    pos = np.arange(K)[None, :]
+    live = pos < k[:, None]  # [B, K]
+    stray = ~live & ~is_pad
+    if stray.any():
+        b, i = map(int, np.argwhere(stray)[0])
+        raise SpecrefError(f"draft_tokens[{b}, {i}] = {x[b, i]} (row {b}) follows the row's {k[b]} draft "
+                           f"tokens; pad with the placeholder {placeholder}")
+    out = live & ((x < 0) | (x >= V))
+    if out.any():
+        b, i = map(int, np.argwhere(out)[0])
+        raise SpecrefError(f"draft_tokens[{b}, {i}] = {x[b, i]} (row {b}) is out of range for V = {V}")
+    used_p = np.arange(K + 1)[None, :] <= k[:, None]  # rows 0..k_b: k_b judged positions and the bonus
+    p = _host_rows("p_target", p_target, f"[{B}, {K + 1}, {V}]", used_p)
+    q = None if q_draft is None else _host_rows("q_draft", q_draft, f"[{B}, {K}, {V}]", live)
+    xs = np.where(live, x, 0)
+    if q is not None:
+        zero = live & (np.take_along_axis(q, xs[..., None], axis=2)[..., 0] == 0)
+        if zero.any():
+            b, i = map(int, np.argwhere(zero)[0])
+            raise SpecrefError(f"draft_tokens[{b}, {i}] = {x[b, i]} (row {b}) has q_draft[{b}, {i}, {x[b, i]}] = 0: "
+                               "the draft cannot have proposed it")
+    return p, q, np.where(live, x, placeholder), k
+
+
+def _lazy(rng) -> bool:
+    """True for the exact enumerator's generator (its coins only answer comparisons)."""
+    return not isinstance(rng, (np.random.Generator, int, np.integer))
+
+
+def _rng(rng):
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+        return np.random.default_rng(int(rng))
+    if not callable(getattr(rng, "random", None)):
+        raise SpecrefError(f"rng must be a numpy.random.Generator, an int seed or the enumerator, got {rng!r}")
+    return rng
+
+
+def _categorical(rows, u, *, xp):
+    """Inverse-CDF draws by comparison: ``#{j : cdf_j / total <= u}``.  # [B, V], [B] -> [B]
+
+    ``cdf / total`` reaches exactly 1 at the last positive entry, so with ``u < 1`` the
+    index is always a token of positive mass; a zero-mass token is never returned.
+    """
+    cdf = xp.cumulative_sum(rows, axis=1)
+    norm = cdf / cdf[:, -1:]
+    return xp.sum(xp.astype(norm <= u[:, None], xp.int64), axis=1)
+
+
+def _gather(rows, idx, *, xp):
+    """``rows[b, idx[b], :]`` with standard array-API calls.  # [B, R, V], [B] -> [B, V]"""
+    B, R, V = rows.shape
+    flat = xp.reshape(rows, (B * R, V))
+    return xp.take(flat, xp.arange(B, device=_device(rows)) * R + idx, axis=0)
+
+
+def _pick(rows, tokens, *, xp):
+    """``rows[b, i, tokens[b, i]]``.  # [B, K, V], [B, K] -> [B, K]"""
+    B, K, V = rows.shape
+    flat = xp.reshape(rows, (B * K * V,))
+    base = xp.reshape(xp.arange(B * K, device=_device(rows)), (B, K)) * V
+    return xp.reshape(xp.take(flat, xp.reshape(base + tokens, (-1,))), (B, K))
+
+
+def _verify(p, q, x, k, u_accept, u_final, placeholder, *, xp, exact):
+    """The batched chain rule on prepared rows (device or object arrays).  See module docstring."""
+    B, K1, V = p.shape
+    K = K1 - 1
+    dev = _device(p)
+    zero = p[0, 0, 0] * 0
+    safe_x = xp.where(x == placeholder, xp.zeros_like(x), x)
+    n = xp.zeros((B,), dtype=xp.int64, device=dev)  # accepted so far
+    alive = xp.ones((B,), dtype=xp.bool, device=dev)
+    if K:
+        px = _pick(p[:, :K, :], safe_x, xp=xp)  # [B, K]
+        ratio = px if q is None else px / _pick(q, safe_x, xp=xp)
+        for i in range(K):  # 0-based: paper position i + 1
+            alive = xp.logical_and(alive, xp.logical_and(k > i, u_accept[:, i] < ratio[:, i]))
+            n = n + xp.astype(alive, xp.int64)
+    # the final row: residual at the first rejection (n < k_b), else the bonus row p[k_b]
+    p_n = _gather(p, n, xp=xp)  # [B, V]
+    if K == 0:
+        final = p_n
+    else:
+        at = xp.where(n < K, n, xp.full_like(n, K - 1))
+        if q is None:  # point mass: p_n with the draft token removed
+            x_n = xp.take(xp.reshape(safe_x, (-1,)), xp.arange(B, device=dev) * K + at)
+            hit = xp.arange(V, device=dev)[None, :] == x_n[:, None]
+            diff = xp.where(hit, zero, p_n)
+        else:
+            diff = p_n - _gather(q, at, xp=xp)
+            diff = xp.where(diff > zero, diff, zero)
+        mass = xp.sum(diff, axis=1)
+        use_residual = (mass > zero) if exact else (mass > RESIDUAL_TOL)  # SPEC §3: rounding-only rejections draw p
+        residual = xp.where(use_residual[:, None], diff, p_n)
+        final = xp.where((n < k)[:, None], residual, p_n)
+    y = _categorical(final, u_final, xp=xp)
+    cols = []
+    pad = xp.full((B,), placeholder, dtype=xp.int64, device=dev)
+    for i in range(K1):
+        draft_col = x[:, i] if i < K else pad
+        cols.append(xp.where(n > i, draft_col, xp.where(n == i, y, pad)))
+    return BatchedSteps(tokens=xp.stack(cols, axis=1), n_accepted=n, n_emitted=n + 1)
+
+
+def _prepare(p_target, q_draft, draft_tokens, num_draft, placeholder):
+    p, q, x, k = check_batched_inputs(p_target, q_draft, draft_tokens, num_draft, placeholder=placeholder)
+    exact = p.dtype == object
+    if exact:
+        return np, p, q, x, k, exact
+    like = p_target if not isinstance(p_target, np.ndarray) else None
+    if like is None:
+        return np, p, q, x, k, exact
+    xp = namespace(like)
+    dev = _device(like)
+    move = lambda a, dt: None if a is None else xp.asarray(a, dtype=dt, device=dev)  # noqa: E731
+    return xp, move(p, xp.float64), move(q, xp.float64), move(x, xp.int64), move(k, xp.int64), exact
+
+
+def _uniforms(rng, shape, *, xp, like):
+    host = rng.random(shape)
+    if _lazy(rng):
+        return host  # object array of lazy uniforms (NumPy rows)
+    return xp.asarray(host, dtype=xp.float64, device=_device(like))
+
+
+def batched_step(p_target, q_draft, draft_tokens, rng, *, num_draft=None,
+                 placeholder: int = PLACEHOLDER) -> BatchedSteps:
+    """``B`` independent speculative steps at once, ragged K allowed (SPEC §3, Algorithm 1 per row).
+
+    p_target [B, K+1, V], q_draft [B, K, V] or None (point-mass drafts), draft_tokens [B, K]
+    (placeholder after row b's ``k_b`` drafts) -> tokens [B, K+1] padded, n_accepted [B], n_emitted [B].
+
+    ``rng``: a ``numpy.random.Generator``, an int seed, or the exact enumerator's generator
+    (then rows must be NumPy; Fraction rows make the law exact).  Outputs live on the rows'
+    backend (NumPy, torch, CuPy).
+    """
+    xp, p, q, x, k, exact = _prepare(p_target, q_draft, draft_tokens, num_draft, placeholder)
+    rng = _rng(rng)
+    B, K1, _ = p.shape
+    u_accept = _uniforms(rng, (B, K1 - 1), xp=xp, like=p)
+    u_final = _uniforms(rng, (B,), xp=xp, like=p)
+    return _verify(p, q, x, k, u_accept, u_final, placeholder, xp=xp, exact=exact)
+
+
+def sample_drafts(q_draft, rng, *, num_draft=None, placeholder: int = PLACEHOLDER):
+    """Draft tokens ``x[b, i] ~ q_draft[b, i]`` for ``i < k_b``, placeholder after.  # [B, K, V] -> [B, K]
+
+    One coin per (b, i) from ``rng.random((B, K))``, located by comparison in the row's CDF.
+    """
+    rng = _rng(rng)
+    host = to_numpy(q_draft)
+    B, K, V = host.shape
+    k = np.full(B, K) if num_draft is None else to_numpy(num_draft).astype(np.int64)
+    live = np.arange(K)[None, :] < k[:, None]
+    q = _host_rows("q_draft", q_draft, f"[{B}, {K}, {V}]", live)
+    u = rng.random((B, K))
+    x = _categorical(q.reshape(B * K, V), u.reshape(-1), xp=np).reshape(B, K)
+    return np.where(live, x, placeholder).astype(np.int64)
+
+
+def batched_draft_and_verify(p_target, q_draft, rng, *, num_draft=None,
+                             placeholder: int = PLACEHOLDER) -> BatchedSteps:
+    """Draw the drafts from ``q_draft`` and verify them: the reference of the draft-and-verify level.
+
+    p_target [B, K+1, V], q_draft [B, K, V] -> BatchedSteps.  Coins, in order: draft
+    ``[B, K]``, acceptance ``[B, K]``, final ``[B]`` -- three separate streams, none reused.
+    """
+    rng = _rng(rng)
+    x = sample_drafts(q_draft, rng, num_draft=num_draft, placeholder=placeholder)
+    steps = batched_step(p_target, q_draft, x, rng, num_draft=num_draft, placeholder=placeholder)
+    return steps
