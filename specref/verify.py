@@ -424,7 +424,7 @@ def control_cases(level):
 
     cases = default_cases(level)
     if level == "decoder":
-        keep = ("worked-example-rows", "zeros-in-p", "stop-token", "trigram")
+        keep = ("worked-example-rows", "zeros-in-p", "stop-token", "trigram", "position-aware", "greedy")
         cases = [replace(c, k=1) for c in cases if c.name in keep]
     return cases
 

@@ -21,6 +21,7 @@ from specref.core.sampling import SamplingConfig, process
 from specref.core.step import draw
 from specref.decoding.chain import next_token_probs, speculative_block
 from specref.verification import zoo
+from specref.verification.cases import extra_cases
 from specref.verification.laws import compare, law, target_law
 from specref.verification.stats import detectable_tv, g_test, samples_needed
 from specref.verification.tables import LogitTable, ProbTable
@@ -91,6 +92,8 @@ DEC_DRAFT = NGramModel.random(order=2, vocab_size=3, seed=6).exact
 DEC_PROMPT, DEC_STOP, DEC_MAX = [0, 1], (2,), 3
 # bonus_from_draft drafts k + 1 tokens: at k = 2 its tree has 5,464 paths (~12 s), at k = 1 360.
 DEC_K = {"bonus_from_draft": 1}
+# kv_cache_refeeds_prefix leaves the last tokens right, so only a position-aware model sees it
+DEC_POSITION = next(c for c in extra_cases("decoder") if c.name == "position-aware")
 
 
 def decoder_law(fn, k=K):
@@ -107,6 +110,11 @@ def exact_tv(entry):
         c = compare(step_law(entry.fn), STEP_TRUTH)
     elif entry.level == "logits":
         c = compare(logits_law(entry.fn), target_law(LOGIT_TARGET, LOGIT_PROMPT, LOGIT_CONFIG, K + 1))
+    elif entry.name == "kv_cache_refeeds_prefix":
+        (t, d), case = DEC_POSITION.models(), DEC_POSITION
+        c = compare(law(lambda rng: tuple(entry.fn(t, d, list(case.prompt), k=1, config=case.config,
+                                                   max_new_tokens=case.max_new_tokens, rng=rng))),
+                    target_law(t, list(case.prompt), case.config, case.max_new_tokens))
     else:
         c = compare(decoder_law(entry.fn, DEC_K.get(entry.name, K)), DEC_TRUTH)
     return c

@@ -19,9 +19,10 @@ import numpy as np
 
 from specref.core.errors import SpecrefError
 from specref.core.sampling import SamplingConfig
+from specref.verification.case_models import PositionLogitTable, PositionProbTable
 from specref.verification.tables import LogitTable, ProbTable
 
-__all__ = ["Case", "CASE_LEVELS", "default_cases", "fixed_cases", "strategy_cases"]
+__all__ = ["Case", "CASE_LEVELS", "default_cases", "fixed_cases", "strategy_cases", "extra_cases"]
 
 CASE_LEVELS = ("step", "logits", "decoder")  # the levels these tables serve
 
@@ -38,7 +39,10 @@ class Case:
     A table of shape ``[V] * (h + 1)`` holds at ``table[x_1..x_h]`` the row used after
     the tokens ``x_1..x_h`` (``[V, V]``: a bigram).  ``tables`` says what they hold:
     ``"probs"`` (final distributions; step level, or exact models at decoder level) or
-    ``"logits"`` (logits level, or logit models).
+    ``"logits"`` (logits level, or logit models).  ``context="position"`` reads a
+    ``[V, V, V]`` table as ``table[n % V, sum(prefix) % V]`` instead
+    (:mod:`specref.verification.case_models`): rows that depend on the absolute
+    position and on the whole prefix, so a re-fed or shifted context changes the law.
     """
 
     name: str
@@ -50,6 +54,7 @@ class Case:
     max_new_tokens: int = 3  # decoder level only
     stop_tokens: tuple = ()  # decoder level only
     tables: str = "probs"
+    context: str = "last"  # "last": rows depend on the last h tokens; "position": on position and whole prefix
 
     @property
     def vocab_size(self) -> int:
@@ -57,7 +62,12 @@ class Case:
 
     def models(self):
         """(target, draft) as specref models: ProbTable or LogitTable."""
-        kind = ProbTable if self.tables == "probs" else LogitTable
+        if self.context not in ("last", "position"):
+            raise SpecrefError(f"case {self.name!r}: context must be 'last' or 'position', got {self.context!r}")
+        if self.context == "position":
+            kind = PositionProbTable if self.tables == "probs" else PositionLogitTable
+        else:
+            kind = ProbTable if self.tables == "probs" else LogitTable
         return kind(self.target), kind(self.draft)
 
     def as_float(self) -> "Case":
@@ -73,12 +83,13 @@ class Case:
             "name": self.name, "target": rows(self.target), "draft": rows(self.draft),
             "prompt": list(self.prompt), "k": self.k, "config": dict(vars(self.config)),
             "max_new_tokens": self.max_new_tokens, "stop_tokens": list(self.stop_tokens),
-            "tables": self.tables,
+            "tables": self.tables, "context": self.context,
         }
 
     def __repr__(self):
         return (f"Case({self.name!r}, V={self.vocab_size}, k={self.k}, prompt={self.prompt}, "
-                f"config={self.config}, tables={self.tables!r})")
+                f"config={self.config}, tables={self.tables!r}"
+                + (f", context={self.context!r})" if self.context != "last" else ")"))
 
 
 def _frac_table(rows):
@@ -123,8 +134,44 @@ def strategy_cases(level: str, n: int, *, seed: int = 20261129) -> list[Case]:
             for i, ((t, d), k, config) in enumerate(drawn[:n])]
 
 
-def fixed_cases(level: str) -> list[Case]:
-    """The fixed edge cases of SPEC §3 plus seeded random cases, for one protocol level."""
+def fixed_cases(level: str, *, extra: bool = True) -> list[Case]:
+    """The fixed edge cases of SPEC §3 plus seeded random cases, for one protocol level;
+    ``extra``: also the greedy and position-aware cases of :func:`extra_cases`."""
+    return _fixed_cases(level) + (extra_cases(level) if extra else [])
+
+
+def extra_cases(level: str) -> list[Case]:
+    """Greedy (T = 0) and position-aware cases for one protocol level.
+
+    Greedy: one-hot rows at step level (the final distributions of T = 0), T = 0 on
+    logits with a tie (ties go to the lowest id) at the logits and decoder levels.
+    Position-aware (``context="position"``): rows that depend on the absolute position
+    and on every token of the prefix, which is what shows a re-fed, shifted or
+    duplicated context (the n-gram tables only see the last h tokens).
+    """
+    _check_level(level)
+    rng = np.random.default_rng(20261201)
+    one_hot = _frac_table([["1", "0", "0"], ["0", "0", "1"], ["0", "1", "0"]])  # greedy p: 0 -> 0, 1 -> 2, 2 -> 1
+    other = _frac_table([["1", "0", "0"], ["0", "1", "0"], ["0", "1", "0"]])  # greedy q: agrees after 0 and 2
+    ties = rng.normal(0, 1.5, (3, 3))
+    ties[1, 2] = ties[1, 0] = ties[1].max() + 0.5  # a tie for the top: T = 0 must pick the lower id, 0
+    position = np.stack([_random_table(rng, 3, 0.2) for _ in range(3)])  # [V, V, V] Fractions
+    position_q = np.stack([_random_table(rng, 3, 0.0) for _ in range(3)])
+    if level == "step":
+        return [Case("greedy-one-hot", one_hot, other),
+                Case("position-aware", position, position_q, prompt=(0, 1), context="position")]
+    if level == "logits":
+        return [Case("logits-greedy", ties, rng.normal(0, 1.5, (3, 3)), config=SamplingConfig(temperature=0),
+                     tables="logits"),
+                Case("logits-position", rng.normal(0, 1.5, (3, 3, 3)), rng.normal(0, 1.5, (3, 3, 3)), prompt=(0, 1),
+                     config=SamplingConfig(temperature=0.8, top_p=0.9), tables="logits", context="position")]
+    return [Case("greedy", one_hot, other, config=SamplingConfig(temperature=0)),
+            Case("greedy-logits", ties, rng.normal(0, 1.5, (3, 3)), config=SamplingConfig(temperature=0),
+                 tables="logits"),
+            Case("position-aware", position, position_q, prompt=(0, 1), context="position")]
+
+
+def _fixed_cases(level: str) -> list[Case]:
     _check_level(level)
     rng = np.random.default_rng(20261129)
     if level == "logits":

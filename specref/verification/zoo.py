@@ -53,6 +53,7 @@ The catalogue (``python -c "import specref.verification.zoo as z; [print(e) for 
 10    max_length_leak             decoder  last block not cut at max_new_tokens
 11    residual_clipped_after_norm step     p - q normalised by its L1 norm, then clipped
 12    kv_cache_not_rolled_back    decoder  the context keeps discarded draft tokens
+12    kv_cache_refeeds_prefix     decoder  the whole prefix fed again on top of the target's cache
 -     typical_acceptance          step     (approximate) Medusa typical acceptance
 -     lenience                    step     (approximate) accept with min(1, p / (l q)), l = 0.5
 -     reference                   step     (correct) specref.core.step.speculative_step
@@ -122,6 +123,7 @@ __all__ = [
     "eos_mid_block_continues",
     "max_length_leak",
     "kv_cache_not_rolled_back",
+    "kv_cache_refeeds_prefix",
 ]
 
 LEVELS = ("step", "logits", "decoder")
@@ -543,6 +545,40 @@ def kv_cache_not_rolled_back(target, draft, prompt, *, k, config, max_new_tokens
     return out
 
 
+def kv_cache_refeeds_prefix(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens=(), rng) -> list[int]:
+    """§7.12: the target's KV cache already holds the prefix, and the whole prefix is fed again on top of it.
+
+    From the second iteration the target reads ``cache + prefix + drafts``: the prefix
+    twice, every position shifted.  The last tokens are right, so a model that looks
+    ``h`` tokens back cannot tell; a position-aware one can (``context="position"`` cases).
+    """
+    k = check_positive_int("k", k)
+    rng = _rng(rng)
+    stops = set(int(t) for t in stop_tokens)
+    cached: list[int] = []  # the tokens in the target's KV cache
+    out: list[int] = []
+    while len(out) < max_new_tokens:
+        seq = list(prompt) + out
+        q_rows, drafted = [], []
+        for _ in range(k):  # 1. draft k tokens (the draft recomputes: no cache)
+            q = next_token_probs(draft, seq + drafted, config, name="draft")
+            drafted.append(draw(rng, q))
+            q_rows.append(q)
+        # 2. one target call.  BUG (§7.12): the cache holds seq[:len(cached)] already; only
+        # seq[len(cached):] + drafted should be fed, so the target reads cached + seq + drafted
+        context = cached + seq + drafted
+        p_target, q_draft = same_kind(model_rows(target, context, k + 1, config, name="target"), np.stack(q_rows))
+        emitted = speculative_step(p_target, q_draft, drafted, rng, check=False)  # 3.-4. the reference step
+        cached = context[: len(context) - k + len(emitted) - 1]  # cropped to the accepted tokens
+        for x in emitted:
+            if len(out) == max_new_tokens:
+                break
+            out.append(x)
+            if x in stops:
+                return out
+    return out
+
+
 # ----------------------------------------------------------------------------- the registry
 
 
@@ -598,6 +634,8 @@ def _entries() -> list[ZooEntry]:
           "p - q divided by sum|p - q|, negatives clipped afterwards: mass 1/2, rest to token V-1"),
         E("kv_cache_not_rolled_back", "decoder", kv_cache_not_rolled_back, "wrong", 12,
           "context not rolled back after a rejection: the next iteration sees the discarded tokens"),
+        E("kv_cache_refeeds_prefix", "decoder", kv_cache_refeeds_prefix, "wrong", 12,
+          "the whole prefix fed again on top of the target's KV cache: the prefix doubled, positions shifted"),
     ]
 
 
