@@ -1,0 +1,208 @@
+"""The oracle's models as torch modules and Hugging Face models; a decoder written against them, checked.
+
+Statistical checks (a decoder in PyTorch draws from torch's global generator, seeded
+per call by ``torch_seeded``): ``N = 800`` samples per check at the oracle's
+``alpha = 1e-6``, on the position-aware decoder case (V = 3, K = 2, 3 new tokens,
+18 outcomes with positive probability, plus the oracle's bin for impossible ones).
+``detectable_tv(800, 1e-6, 0.9, 19)`` is about 0.26: the correct decoder must pass.
+The decoder that re-feeds its prefix on top of the cache makes the same mistake as
+``zoo.kv_cache_refeeds_prefix``, whose exact law on this case is computed below: TV
+0.242, and mass ``m`` on outputs the target never makes, which the G-test rejects
+outright -- it is missed only when none of the N samples lands there, probability
+``(1 - m) ** N < 1e-6`` (asserted).  About 8 s (~4.5 ms per decode with one torch thread).
+"""
+
+import numpy as np
+import pytest
+
+from specref.verification import zoo
+from specref.verification.cases import default_cases, extra_cases
+from specref.verification.laws import law, target_law
+from specref.verification.oracle import check_decoder
+from specref.verification.stats import detectable_tv
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from specref.adapters.hf_models import (  # noqa: E402
+    case_hf_models,
+    case_torch_models,
+    generation_config,
+    hf_model,
+    torch_models,
+    torch_seeded,
+)
+from specref.core.sampling import SamplingConfig  # noqa: E402
+
+N = 800  # samples per statistical check (module docstring)
+POSITION = next(c for c in extra_cases("decoder") if c.name == "position-aware")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # [1, n, 3] tensors: the intra-op pool only adds overhead
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------- (b) torch modules
+
+
+def test_module_logits_are_the_case_rows_for_every_position():
+    case = default_cases("decoder")[0]
+    target, _ = case_torch_models(case)
+    out = target(torch.tensor([[0, 1, 2]]))
+    rows = np.array(case.models()[0].probs([0, 1, 2]), dtype=float)  # [3, V]
+    np.testing.assert_allclose(torch.softmax(out.logits[0].double(), -1).numpy(), rows, atol=1e-6)
+    assert out.logits.shape == (1, 3, 3) and out.logits.dtype == torch.float32 and out[0] is out.logits
+    assert out.past_key_values is None  # no use_cache, no cache
+    gen = target.generation_config
+    assert gen.do_sample and gen.num_assistant_tokens == case.k and gen.max_new_tokens == case.max_new_tokens
+
+
+def test_cache_holds_token_ids_and_a_refed_prefix_changes_position_aware_rows():
+    t, _ = case_torch_models(POSITION)
+    full = t(torch.tensor([[0, 1, 2, 0]])).logits[0, -1]
+    first = t(torch.tensor([[0, 1]]), use_cache=True)
+    keys = first.past_key_values[0][0]  # [B, 1, L, 1]: token ids, not attention states
+    assert keys[0, 0, :, 0].tolist() == [0.0, 1.0]
+    right = t(torch.tensor([[2, 0]]), past_key_values=first.past_key_values, use_cache=True)
+    torch.testing.assert_close(right.logits[0, -1], full)  # the cache path equals the full recompute
+    refed = t(torch.tensor([[0, 1, 2, 0]]), past_key_values=first.past_key_values, use_cache=True)
+    assert t.calls[-1][0] == [0, 1, 0, 1, 2, 0]  # what the model saw: the prefix twice
+    assert not torch.equal(refed.logits[0, -1], full)
+    cropped = tuple((k[:, :, :1], v[:, :, :1]) for k, v in right.past_key_values)  # the legacy slicing idiom
+    again = t(torch.tensor([[1, 2, 0]]), past_key_values=cropped)
+    torch.testing.assert_close(again.logits[0, -1], full)
+
+
+def test_transformers_cache_is_updated_in_place_and_crops():
+    from transformers.cache_utils import DynamicCache
+
+    t, _ = case_torch_models(POSITION)
+    cache = DynamicCache()
+    t(torch.tensor([[0, 1, 2]]), past_key_values=cache, use_cache=True)
+    assert cache.get_seq_length() == 3
+    cache.crop(-1)  # transformers 5.x: a negative count removes that many tokens
+    out = t(torch.tensor([[1]]), past_key_values=cache)
+    assert t.calls[-1][0] == [0, 1, 1]
+    torch.testing.assert_close(out.logits[0, -1], t(torch.tensor([[0, 1, 1]])).logits[0, -1])
+
+
+def test_bad_input_ids_name_the_argument():
+    from specref.core.errors import SpecrefError
+
+    t, _ = case_torch_models(POSITION)
+    with pytest.raises(SpecrefError, match="input_ids"):
+        t(torch.tensor([[0, 3]]))
+    with pytest.raises(SpecrefError, match="input_ids"):
+        t(torch.zeros((1, 0), dtype=torch.long))
+
+
+def test_generation_config_maps_the_sampling_settings():
+    g = generation_config(SamplingConfig(temperature=0.5, top_k=2, top_p=0.9, min_p=0.1), stop_tokens=(2,), k=3)
+    assert (g.do_sample, g.temperature, g.top_k, g.top_p, g.min_p, g.eos_token_id) == (True, 0.5, 2, 0.9, 0.1, 2)
+    assert g.num_assistant_tokens_schedule == "constant" and g.assistant_confidence_threshold == 0.0
+    assert generation_config(SamplingConfig(temperature=0)).do_sample is False
+
+
+# ---------------------------------------------------------------- (c) PreTrainedModel
+
+
+def test_hf_model_generates_greedily_along_the_case_rows():
+    from transformers import PreTrainedModel
+
+    case = next(c for c in extra_cases("decoder") if c.name == "greedy-logits")
+    target, draft = case_hf_models(case)
+    assert isinstance(target, PreTrainedModel)
+    out = target.generate(torch.tensor([[0]]), max_new_tokens=3)
+    table = case.target  # [V, V] logits, a bigram: the greedy chain is argmax after argmax
+    chain, x = [], 0
+    for _ in range(3):
+        x = int(np.argmax(table[x]))
+        chain.append(x)
+    assert out[0, 1:].tolist() == chain
+    assisted = target.generate(torch.tensor([[0]]), assistant_model=draft, max_new_tokens=3)
+    assert assisted[0, 1:].tolist() == chain  # assisted greedy: the same tokens
+    assert max(n for _, n in target.calls) >= 2  # the target scored a draft block in one call
+
+
+def test_toy_models_become_hf_models():
+    from toy_models.ngram import NGramModel
+
+    ngram = NGramModel.random(order=2, vocab_size=4, seed=3)
+    hf = hf_model(ngram, config=SamplingConfig(temperature=0))
+    torch.testing.assert_close(hf(torch.tensor([[0, 2]])).logits[0].double(), torch.from_numpy(ngram([0, 2])))
+
+
+# ---------------------------------------------------------------- a decoder written against HF-style models
+
+
+def _sample(p):
+    return int(torch.multinomial(p, 1))
+
+
+def hf_style_decode(target, draft, input_ids, *, gamma, max_new_tokens, temperature=1.0, refeed=False):
+    """Speculative sampling as public PyTorch repositories write it: HF-style models, a KV cache on the target."""
+    seq, n0, past = input_ids[0].tolist(), input_ids.shape[1], None
+    while len(seq) - n0 < max_new_tokens:
+        drafted, qs = [], []
+        for _ in range(gamma):  # 1. draft (no cache)
+            q = torch.softmax(draft(torch.tensor([seq + drafted])).logits[0, -1] / temperature, -1)
+            drafted.append(_sample(q))
+            qs.append(q)
+        # 2. one target call on top of the cache; refeed=True is the bug: the whole prefix again
+        feed = seq + drafted if past is None or refeed else seq[past[0][0].shape[2]:] + drafted
+        out = target(torch.tensor([feed]), past_key_values=past, use_cache=True)
+        ps = torch.softmax(out.logits[0, -(gamma + 1):] / temperature, -1)
+        n = 0  # 3. accept until the first rejection
+        while n < gamma and torch.rand(()) < ps[n, drafted[n]] / qs[n][drafted[n]]:
+            n += 1
+        if n < gamma:  # 4. residual or bonus
+            r = torch.clamp(ps[n] - qs[n], min=0)
+            nxt = _sample(r / r.sum())
+        else:
+            nxt = _sample(ps[gamma])
+        keep = out.past_key_values[0][0].shape[2] - (gamma - n)  # crop the rejected draft tokens
+        past = tuple((k[:, :, :keep], v[:, :, :keep]) for k, v in out.past_key_values)
+        seq += drafted[:n] + [nxt]
+    return seq[n0:n0 + max_new_tokens]
+
+
+def decoder(refeed):
+    @torch_seeded
+    def decode(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng):
+        t, d = torch_models(target, draft)
+        return hf_style_decode(t, d, torch.tensor([prompt]), gamma=k, max_new_tokens=max_new_tokens,
+                               temperature=config.temperature, refeed=refeed)
+
+    return decode
+
+
+def test_a_decoder_written_against_hf_models_is_checked_without_patching():
+    assert detectable_tv(N, 1e-6, 0.9, 19) < 0.27
+    target, draft = POSITION.models()
+    bug = law(lambda rng: tuple(zoo.kv_cache_refeeds_prefix(target, draft, list(POSITION.prompt), k=POSITION.k,
+                                                            config=POSITION.config, max_new_tokens=3, rng=rng)))
+    truth = target_law(target, list(POSITION.prompt), POSITION.config, 3)
+    stray = sum(w for out, w in bug.items() if out not in truth)  # mass on outputs the target never makes
+    assert (1 - float(stray)) ** N < 1e-6
+    good = check_decoder(decoder(refeed=False), cases=[POSITION], mode="statistical", samples=N)
+    assert good.ok, good
+    bad = check_decoder(decoder(refeed=True), cases=[POSITION], mode="statistical", samples=N)
+    assert not bad.ok and bad.results[0].p_value < 1e-6, bad
+
+
+def test_torch_seeded_is_reproducible_and_restores_the_callers_generator():
+    def draw(rng):
+        return torch.rand(3).tolist()
+
+    seeded = torch_seeded(draw)
+    torch.manual_seed(123)
+    state = torch.random.get_rng_state()
+    a, b = seeded(2 ** 63 - 1), seeded(rng=2 ** 63 - 1)  # the oracle's largest seed
+    assert a == b and seeded(5) != a
+    assert torch.equal(torch.random.get_rng_state(), state)
+    with pytest.raises(TypeError, match="integer seed"):
+        seeded(np.random.default_rng(0))
