@@ -470,22 +470,53 @@ def run_scenarios(scenarios, *, progress=True, out=sys.stdout) -> list[dict]:
     return rows
 
 
-def check_outside(spec: str, level: str, mode: str, samples: int | None) -> int:
-    """--impl module:function: the oracle's verdict on an outside implementation."""
+EXIT_PRESERVES, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2  # --impl: preserves; differs or misbehaves; usage/import/internal
+
+
+def check_outside(spec: str, level: str, mode: str, samples: int | None, *, isolate: bool = True,
+                  json_path: str | None = None, **settings) -> int:
+    """--impl module:function: the oracle's verdict on an outside implementation.
+
+    Exit status: 0 the implementation preserves the target distribution; 1 it differs
+    or misbehaves (raised, timed out, crashed, invalid output: see the statuses); 2 a
+    usage error, a module that cannot be imported, a target that is not callable, or
+    an internal error of the oracle.  Each case runs in a forked worker with a hard
+    deadline unless ``isolate`` is False.  The printed table cuts details at
+    ``specref.verification.report.TABLE_DETAIL`` characters; ``json_path`` gets the
+    whole record.
+    """
     from specref.verification import oracle
+    from specref.verification.calling import describe
+    from specref.verification.report import INTERNAL
 
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         print(f"--impl must look like module:function, got {spec!r}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     try:
         fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        print(f"cannot load {spec!r}: {e}", file=sys.stderr)
-        return 2
-    report = oracle.check(level, fn, mode=mode, samples=samples)
-    print(report)
-    return 0 if report.ok else 1
+    except BaseException as e:  # noqa: BLE001 - a module may fail to import in any way, sys.exit included
+        print(f"cannot load {spec!r}: {describe(e)}", file=sys.stderr)
+        return EXIT_ERROR
+    if not callable(fn):
+        print(f"cannot check {spec!r}: it is a {type(fn).__name__}, not a callable", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        report = oracle.check(level, fn, mode=mode, samples=samples, isolate=isolate, **settings)
+    except SpecrefError as e:
+        print(f"cannot check {spec!r}: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as e:  # noqa: BLE001 - the oracle's own failure
+        print(f"internal error while checking {spec!r}: {describe(e)}", file=sys.stderr)
+        return EXIT_ERROR
+    print(report, flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"impl": spec, **report.to_json()}, f, indent=1, default=str)
+        print(f"wrote {json_path}")
+    if any(r.status == INTERNAL for r in report.results):
+        return EXIT_ERROR
+    return EXIT_PRESERVES if report.ok else EXIT_DIFFERS
 
 
 def main(argv=None) -> int:
@@ -499,9 +530,15 @@ def main(argv=None) -> int:
                     help="; ".join(f"{name}: {lv.signature}" for name, lv in LEVELS.items()))
     ap.add_argument("--mode", choices=["exact", "statistical"], default="exact")
     ap.add_argument("--samples", type=int, help="statistical mode: N (default: planned)")
+    ap.add_argument("--no-isolate", action="store_true",
+                    help="--impl: run the implementation in this process (faster; no hard deadline)")
+    ap.add_argument("--time-limit", type=float, default=10.0, help="--impl: seconds per call (default 10)")
     args = ap.parse_args(argv)
+    if args.samples is not None and args.samples < 1:
+        ap.error(f"--samples must be a positive integer, got {args.samples}")  # exits 2
     if args.impl:
-        return check_outside(args.impl, args.level, args.mode, args.samples)
+        return check_outside(args.impl, args.level, args.mode, args.samples, isolate=not args.no_isolate,
+                             json_path=args.json, time_limit=args.time_limit)
 
     t0 = time.perf_counter()
     print("1. SPEC §3 worked example, exact rationals")

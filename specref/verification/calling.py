@@ -31,6 +31,7 @@ All conversion of a return value (``tolist()``, iteration, the checks of
 
 from __future__ import annotations
 
+import faulthandler
 import math
 import multiprocessing
 import os
@@ -58,7 +59,7 @@ from specref.verification.report import (
 
 __all__ = ["Misbehaved", "call", "checked_tokens", "run_case", "can_isolate", "describe", "DETAIL_LIMIT"]
 
-DETAIL_LIMIT = 100_000  # characters kept of one misbehaviour's detail (a report's table shows less)
+DETAIL_LIMIT = 1_000_000  # characters kept of one misbehaviour's detail (a report's table shows less)
 
 
 class Misbehaved(Exception):
@@ -127,11 +128,13 @@ def call(fn, args, kwargs, time_limit, convert=None):
     if shared is not None:  # an isolated worker: the parent enforces the deadline
         shared.value = time.monotonic() + seconds
         try:
-            result = _guarded(body)
+            result = _guarded(body, "no result within the time limit")
         finally:
             shared.value = 0.0
     else:
-        result = _guarded(lambda: _with_time_limit(body, seconds))
+        why = (f"no result within time_limit = {time_limit} s" if seconds == time_limit
+               else "the case ran over its time budget (case_time_limit)")
+        result = _guarded(lambda: _with_time_limit(body, seconds), why)
     if isinstance(result, _Raised):
         e = result.error
         if isinstance(e, LazyUniformError):
@@ -145,12 +148,12 @@ class _Raised:
         self.error = error
 
 
-def _guarded(thunk):
+def _guarded(thunk, why):
     """Run oracle code around an implementation call: a time-out becomes TIMEOUT."""
     try:
         return thunk()
     except _TimedOut:
-        raise Misbehaved(TIMEOUT, "no result within the time limit") from None
+        raise Misbehaved(TIMEOUT, why) from None
 
 
 def _with_time_limit(body, seconds):
@@ -285,6 +288,7 @@ def _in_worker(body, time_limit, case_time_limit):
     def child():
         global _shared_deadline
         _shared_deadline = deadline
+        faulthandler.disable()  # a crash of the implementation is reported by the parent, not dumped here
         receive.close()
         try:
             try:

@@ -1,0 +1,359 @@
+"""The oracle never raises on an implementation's behalf and cannot be stopped by one.
+
+Each reproducer of a way to crash, hang or fool the oracle has a test here: exits,
+crashes, signal tampering, C-level hangs, conversions that raise, case tables that
+are written into, and the CLI's exit codes.  Isolated checks fork one worker per
+case, so each test uses one or two cases and short time limits.
+"""
+
+import ctypes
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specref.core.errors import SpecrefError
+from specref.core.sampling import SamplingConfig
+from specref.core.step import speculative_step
+from specref.verification import zoo
+from specref.verification.calling import Misbehaved, can_isolate, describe
+from specref.verification.oracle import Case, check, check_decoder, check_logits_step, check_step, default_cases
+from specref.verification.report import MAX_TOLERANCE, TABLE_DETAIL, Settings
+from tests.implementations import decoder_reference, logits_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+ONE = default_cases("step")[:1]  # worked-example rows, K = 2
+needs_fork = pytest.mark.skipif(not can_isolate(), reason="isolation needs the fork start method")
+
+
+# ---------------------------------------------------------------- implementations that misbehave
+
+
+def exits(p, q, x, rng):
+    sys.exit(0)
+
+
+def hard_exit(p, q, x, rng):
+    os._exit(0)
+
+
+def segfault(p, q, x, rng):
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+def retries_forever(p, q, x, rng):
+    while True:  # eats every BaseException, the in-process time-out included
+        try:
+            time.sleep(5)
+        except BaseException:  # noqa: BLE001
+            pass
+
+
+def ignores_alarm(p, q, x, rng):
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    time.sleep(30)
+
+
+def resets_alarm(p, q, x, rng):
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    time.sleep(30)
+
+
+def c_level_hang(p, q, x, rng):
+    re.match(r"(a+)+b", "a" * 40)  # catastrophic backtracking inside the C regex engine
+
+
+def own_generator(p, q, x, rng):  # forgot mode="statistical": its randomness is not the oracle's
+    return speculative_step(p, q, x, np.random.default_rng())
+
+
+class _StrRaises(Exception):
+    def __str__(self):
+        raise RuntimeError("no message")
+
+
+def bad_exception(p, q, x, rng):
+    raise _StrRaises()
+
+
+class _ToListRaises:
+    def tolist(self):
+        raise RuntimeError("tolist failed")
+
+
+class _IterRaises:
+    def __iter__(self):
+        raise RuntimeError("iter failed")
+
+
+class _SlowToList:
+    def tolist(self):
+        time.sleep(30)
+
+
+def fails_midway(p, q, x, rng):
+    yield 0
+    raise ValueError("midway")
+
+
+def claims_ok(p, q, x, rng):  # raises the oracle's own exception with the status "ok"
+    raise Misbehaved("ok", "I pass")
+
+
+def endless(p, q, x, rng):
+    while True:
+        yield 0
+
+
+# ---------------------------------------------------------------- exits and BaseExceptions
+
+
+@pytest.mark.parametrize("isolate", [False, pytest.param(True, marks=needs_fork)])
+@pytest.mark.parametrize("exc", [SystemExit(0), KeyboardInterrupt(), GeneratorExit()])
+def test_base_exceptions_become_statuses(isolate, exc):
+    def fn(p, q, x, rng):
+        raise exc
+
+    report = check_step(fn, cases=ONE, isolate=isolate)
+    assert report.results[0].status == "raised" and type(exc).__name__ in report.results[0].detail
+
+
+@needs_fork
+@pytest.mark.parametrize("fn, status, word", [
+    (hard_exit, "crashed", "exit code 0"),
+    (segfault, "crashed", "SIGSEGV"),
+    (retries_forever, "timeout", "time_limit"),
+    (ignores_alarm, "timeout", "time_limit"),
+    (resets_alarm, "timeout", "time_limit"),
+    (c_level_hang, "timeout", "time_limit"),
+])
+def test_isolated_worker_turns_exits_crashes_and_hangs_into_statuses(fn, status, word):
+    t0 = time.monotonic()
+    report = check_step(fn, cases=ONE, isolate=True, time_limit=0.5)
+    r = report.results[0]
+    assert not report.ok and r.status == status and word in r.detail, r
+    assert r.case.name == ONE[0].name
+    assert time.monotonic() - t0 < 10  # the hard deadline held (0.5 s a call, plus the fork)
+
+
+@needs_fork
+def test_case_time_budget_kills_a_case_of_many_slow_calls():
+    def slow(p, q, x, rng):
+        time.sleep(0.05)
+        return speculative_step(p, q, x, rng)
+
+    report = check_step(slow, cases=ONE, isolate=True, case_time_limit=0.3)
+    assert report.results[0].status == "timeout" and "case_time_limit" in report.results[0].detail
+
+
+def test_case_time_budget_in_process():
+    def slow(p, q, x, rng):
+        time.sleep(0.05)
+        return speculative_step(p, q, x, rng)
+
+    report = check_step(slow, cases=ONE, case_time_limit=0.2)
+    assert report.results[0].status == "timeout" and "budget" in report.results[0].detail
+
+
+# ---------------------------------------------------------------- conversions and odd failures
+
+
+@pytest.mark.parametrize("isolate", [False, pytest.param(True, marks=needs_fork)])
+@pytest.mark.parametrize("fn, status, word", [
+    (own_generator, "bad rng use", "different random calls"),
+    (bad_exception, "raised", "_StrRaises"),
+    (lambda p, q, x, rng: _ToListRaises(), "invalid output", "tolist failed"),
+    (lambda p, q, x, rng: _IterRaises(), "invalid output", "iter failed"),
+    (fails_midway, "invalid output", "midway"),
+    (endless, "invalid output", "or more tokens"),
+    (lambda p, q, x, rng: np.zeros((2, 2), dtype=int), "invalid output", "shape"),
+    (claims_ok, "raised", "I pass"),
+])
+def test_conversion_failures_are_statuses(isolate, fn, status, word):
+    report = check_step(fn, cases=ONE, isolate=isolate)
+    r = report.results[0]
+    assert not report.ok and r.status == status and word in r.detail, r
+
+
+def test_describe_survives_a_hostile_exception():
+    assert describe(_StrRaises()) == "_StrRaises: <str() of the exception raised RuntimeError>"
+
+
+def test_conversion_runs_inside_the_time_limit():
+    t0 = time.monotonic()
+    report = check_step(lambda p, q, x, rng: _SlowToList(), cases=ONE, time_limit=0.3)
+    assert report.results[0].status == "timeout" and time.monotonic() - t0 < 5
+
+
+def test_statistical_mode_statuses():
+    def exits_with_seed(p, q, x, seed):
+        sys.exit(3)
+
+    report = check_step(exits_with_seed, cases=ONE, mode="statistical", samples=50)
+    assert report.results[0].status == "raised" and "SystemExit" in report.results[0].detail
+
+
+@needs_fork
+def test_statistical_mode_isolated_crash():
+    def crash_with_seed(p, q, x, seed):
+        os._exit(7)
+
+    report = check_step(crash_with_seed, cases=ONE, mode="statistical", samples=50, isolate=True)
+    assert report.results[0].status == "crashed" and "exit code 7" in report.results[0].detail
+
+
+# ---------------------------------------------------------------- cases that cannot change the verdict
+
+
+def test_zero_cases_and_a_filter_that_matched_nothing_are_errors():
+    with pytest.raises(SpecrefError, match="cases is empty"):
+        check_step(zoo.residual_from_p, cases=[])
+    with pytest.raises(SpecrefError, match="cases is empty"):  # the README's filter idiom, with a typo
+        check_decoder(zoo.eos_mid_block_continues,
+                      cases=[c for c in default_cases("decoder") if c.name == "stop-tokens"])
+    with pytest.raises(SpecrefError, match="cases is empty"):
+        check_step(speculative_step, cases=iter(()))
+
+
+@pytest.mark.parametrize("isolate", [False, pytest.param(True, marks=needs_fork)])
+def test_writing_into_the_tables_changes_no_later_case(isolate):
+    def vandal(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng):
+        out = decoder_reference(target, draft, prompt, k=k, config=config, max_new_tokens=max_new_tokens,
+                                stop_tokens=stop_tokens, rng=rng)
+        target.table[...] = draft.table  # after its own decode: later calls would see the draft as target
+        object.__setattr__(config, "temperature", 0.01)
+        return out
+
+    cases = [c for c in default_cases("decoder") if c.name in ("worked-example-rows", "p-equals-q")]
+    before = [c.target.copy() for c in cases]
+    report = check_decoder(vandal, cases=cases, isolate=isolate)
+    assert report.ok, str(report)  # every call got fresh tables: the vandalism never reached a later call
+    assert all(np.array_equal(c.target, b) for c, b in zip(cases, before))
+    assert all(c.config == SamplingConfig() for c in cases)
+
+
+def test_rewriting_the_frozen_config_at_logits_level_changes_nothing():
+    def vandal(t, d, x, config, rng):
+        out = logits_reference(t, d, x, config, rng)
+        object.__setattr__(config, "top_k", 1)
+        return out
+
+    cases = default_cases("logits")[:2]
+    report = check_logits_step(vandal, cases=cases)
+    assert report.ok, str(report)
+    assert [c.config.top_k for c in cases] == [None, 2]
+
+
+def test_counterexample_reproduces_and_is_rechecked_against_the_reference():
+    def vandal(p, q, x, rng):  # wrong, and writes into what it is handed
+        out = zoo.residual_from_p(p, q, x, rng)
+        p[...], q[...] = 0, 0
+        return out
+
+    report = check_step(vandal)
+    assert not report.ok and report.worst_tv > 1e-3
+    case = report.counterexample
+    assert all(r.status in ("ok", "differs") for r in report.results)  # "internal error": the re-check failed
+    assert check_step(speculative_step, cases=[case]).ok
+    assert check_step(vandal, cases=[case]).worst_tv == report.worst_tv
+
+
+def test_a_case_too_large_to_enumerate_is_refused_up_front():
+    big = Case("k30", ONE[0].target, ONE[0].draft, k=30)
+    t0 = time.monotonic()
+    with pytest.raises(SpecrefError, match="max_paths"):
+        check_step(speculative_step, cases=[big])
+    assert time.monotonic() - t0 < 2
+
+
+def test_enumeration_over_its_path_budget_is_a_status():
+    def many_draws(p, q, x, rng):
+        for _ in range(12):
+            rng.choice(2)
+        return speculative_step(p, q, x, rng)
+
+    report = check_step(many_draws, cases=ONE, max_paths=1000)
+    assert report.results[0].status == "over budget"
+
+
+# ---------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize("field, value", [
+    ("time_limit", float("inf")), ("time_limit", 0), ("case_time_limit", float("nan")),
+    ("tolerance", 1), ("tolerance", MAX_TOLERANCE * 2), ("seed", -1), ("seed", 2**63), ("samples", 0),
+    ("isolate", 1), ("max_paths", 0), ("mode", "fast"),
+])
+def test_settings_refuse_values_that_could_change_the_verdict(field, value):
+    with pytest.raises(SpecrefError, match=field):
+        Settings(**{field: value})
+    with pytest.raises(SpecrefError, match=field):
+        check_step(speculative_step, cases=ONE, **{field: value})
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def run_cli(*args, tmp_path):
+    module = tmp_path / "impls13.py"
+    module.write_text(
+        "import os, sys\n"
+        "from specref.core.step import speculative_step\n"
+        "def exits(p, q, x, rng): sys.exit(0)\n"
+        "def hard_exit(p, q, x, rng): os._exit(0)\n"
+        "def huge(p, q, x, rng): raise ValueError('x' * 200_000)\n"
+        "def wrong(p, q, x, rng): return [int(x[0])] * (len(x) + 1)\n"
+        "not_callable = 3\n"
+    )
+    broken = tmp_path / "broken13.py"
+    broken.write_text("raise SystemExit(0)\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    return subprocess.run([sys.executable, "-m", "specref.verify", *args], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=ROOT)
+
+
+@pytest.mark.parametrize("target, code, word", [
+    pytest.param("impls13:exits", 1, "SystemExit", marks=needs_fork),
+    pytest.param("impls13:hard_exit", 1, "crashed", marks=needs_fork),
+    ("impls13:not_callable", 2, "not a callable"),
+    ("broken13:f", 2, "cannot load"),
+    ("no_such_module_13:f", 2, "cannot load"),
+    ("specref.core.step:speculative_step", 0, "preserves"),
+])
+def test_cli_exit_codes(tmp_path, target, code, word):
+    run = run_cli("--impl", target, "--time-limit", "5", tmp_path=tmp_path)
+    assert run.returncode == code, run.stdout + run.stderr
+    assert word in run.stdout + run.stderr
+
+
+def test_cli_usage_errors_exit_2(tmp_path):
+    run = run_cli("--impl", "impls13:wrong", "--samples", "0", tmp_path=tmp_path)
+    assert run.returncode == 2 and "--samples" in run.stderr
+
+
+@needs_fork
+def test_cli_truncates_details_and_json_keeps_the_record(tmp_path):
+    out = tmp_path / "report.json"
+    run = run_cli("--impl", "impls13:huge", "--json", str(out), tmp_path=tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert len(run.stdout) < 30 * (TABLE_DETAIL + 200)  # ~12 cases of at most TABLE_DETAIL characters each
+    record = json.loads(out.read_text())
+    assert not record["ok"] and record["results"][0]["status"] == "raised"
+    assert len(record["results"][0]["detail"]) > 200_000
+    assert record["results"][0]["case"]["name"] == "worked-example-rows"
+    wrong = run_cli("--impl", "impls13:wrong", "--no-isolate", tmp_path=tmp_path)
+    assert wrong.returncode == 1 and "counterexample" in wrong.stdout
+
+
+def test_check_raises_only_for_bad_arguments():
+    with pytest.raises(SpecrefError, match="callable"):
+        check("step", 3)
+    with pytest.raises(SpecrefError, match="level"):
+        check("nope", speculative_step)
