@@ -408,7 +408,8 @@ def controls() -> list[Scenario]:
             report = oracle.check(entry.level, entry.fn, mode="exact", cases=control_cases(entry.level))
             bad = [r for r in report.results if not r.ok]
             return {"tv": report.worst_tv, "n_outputs": None, "paths": None,
-                    "detail": "; ".join(f"{r.case.name}: {r.status}" for r in bad[:2])}
+                    "detail": "; ".join(f"{r.case.name}: {r.status}" for r in bad[:2]),
+                    "flagged": not report.ok}
 
         scenarios.append(Scenario(f"{kind} {entry.name} ({label}) oracle {entry.level}-level cases", kind, run,
                                   quick=entry.level != "step"))
@@ -432,29 +433,47 @@ def control_cases(level):
 # ---------------------------------------------------------------- running
 
 
-def status_of(kind, tv, exact) -> tuple[str, bool]:
+def status_of(kind, tv, exact, flagged=False) -> tuple[str, bool]:
+    """A row's status; a control is detected by its TV, or (``flagged``) by an oracle status
+    such as "invalid output" that a correct implementation never gets."""
     if kind == "correct":
         ok = tv is not None and (tv == 0 if exact else tv <= FLOAT_TOL)
         return ("ok" if ok else "FAIL"), ok
     if kind == "control":
-        ok = tv is not None and tv > DETECT_TOL
+        ok = (tv is not None and tv > DETECT_TOL) or flagged
         return ("detected" if ok else "MISSED"), ok
     return "approximate", True
 
 
-def run_scenarios(scenarios, *, progress=True, out=sys.stdout) -> list[dict]:
+def _timed_run(s) -> tuple[dict, float]:
+    t0 = time.perf_counter()
+    try:
+        r = s.run()
+    except SpecrefError as e:  # a scenario that cannot run is a failure, reported in its row
+        r = {"tv": None, "n_outputs": None, "paths": None, "detail": f"error: {e}"}
+    return r, time.perf_counter() - t0
+
+
+_BY_NAME: dict = {}  # a worker's own copy of the matrix, built once per process
+
+
+def _run_named(name: str) -> tuple[dict, float]:
+    """Run the scenario called ``name`` in a worker process (scenarios hold closures: names travel)."""
+    if not _BY_NAME:
+        _BY_NAME.update((s.name, s) for s in matrix() + controls())
+    return _timed_run(_BY_NAME[name])
+
+
+def run_scenarios(scenarios, *, progress=True, out=sys.stdout, executor=None) -> list[dict]:
+    """Run and print each scenario, here or (``executor``) in worker processes; rows in matrix order."""
     rows = []
     width = max(len(s.name) for s in scenarios) if scenarios else 10
     print(f"{'':8}{'scenario':<{width}}  {'outputs':>7}  {'TV(spec, target)':>16}  status", file=out)
-    for i, s in enumerate(scenarios, 1):
-        t0 = time.perf_counter()
-        try:
-            r = s.run()
-        except SpecrefError as e:  # a scenario that cannot run is a failure, reported in its row
-            r = {"tv": None, "n_outputs": None, "paths": None, "detail": f"error: {e}"}
-        seconds = time.perf_counter() - t0
+    results = (map(_timed_run, scenarios) if executor is None
+               else executor.map(_run_named, [s.name for s in scenarios]))
+    for i, (s, (r, seconds)) in enumerate(zip(scenarios, results), 1):
         tv = r["tv"]
-        status, ok = status_of(s.kind, tv, r.get("exact", False) and s.kind == "correct")
+        status, ok = status_of(s.kind, tv, r.get("exact", False) and s.kind == "correct", r.get("flagged", False))
         tv_text = "-" if tv is None else ("0 (exact)" if tv == 0 and isinstance(tv, Fraction) else f"{float(tv):.3g}")
         n_out = "-" if r.get("n_outputs") is None else str(r["n_outputs"])
         detail = f"  {r['detail']}" if r.get("detail") and not ok else ""
@@ -533,12 +552,48 @@ def main(argv=None) -> int:
     ap.add_argument("--no-isolate", action="store_true",
                     help="--impl: run the implementation in this process (faster; no hard deadline)")
     ap.add_argument("--time-limit", type=float, default=10.0, help="--impl: seconds per call (default 10)")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="worker processes for the matrix, statistical --impl checks and sweeps (default 1)")
+    ap.add_argument("--scheduler", metavar="ADDRESS", help="run on an existing Dask cluster, e.g. tcp://host:8786")
+    ap.add_argument("--sweep", metavar="FILE", help="run the sweep in FILE (TOML or JSON; see specref.verification.sweep)")
+    ap.add_argument("--out", metavar="PATH", help="--sweep: the JSON record (resumed when it exists)")
     args = ap.parse_args(argv)
+    if args.workers < 1:
+        ap.error(f"--workers must be a positive integer, got {args.workers}")  # exits 2
     if args.samples is not None and args.samples < 1:
         ap.error(f"--samples must be a positive integer, got {args.samples}")  # exits 2
+    try:
+        with _executor(args) as executor:
+            return _main(args, argv, executor)
+    except SpecrefError as e:  # unreachable scheduler, bad sweep file, ...
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _executor(args):
+    """The executor that --workers / --scheduler ask for (None: run here)."""
+    from contextlib import nullcontext
+
+    from specref.adapters.cluster import dask_executor, local_pool
+
+    if args.scheduler:
+        return dask_executor(args.scheduler)
+    return local_pool(args.workers) if args.workers > 1 else nullcontext(None)
+
+
+def _main(args, argv, executor) -> int:
+    if args.sweep:
+        from specref.verification.sweep import load_sweep, run_sweep, sweep_table
+
+        record = run_sweep(load_sweep(args.sweep), out=args.out, executor=executor, progress=not args.no_progress)
+        print(sweep_table(record))
+        if args.out:
+            print(f"wrote {args.out}")
+        return 0 if all(c["result"]["ok"] for c in record["cells"].values()) else 1
     if args.impl:
+        extra = {"executor": executor} if executor is not None and args.mode == "statistical" else {}
         return check_outside(args.impl, args.level, args.mode, args.samples, isolate=not args.no_isolate,
-                             json_path=args.json, time_limit=args.time_limit)
+                             json_path=args.json, time_limit=args.time_limit, **extra)
 
     t0 = time.perf_counter()
     print("1. SPEC §3 worked example, exact rationals")
@@ -562,7 +617,7 @@ def main(argv=None) -> int:
             print(f"no scenario matches {args.scenario!r}", file=sys.stderr)
             return 2
     print(f"\n3-4. scenario matrix ({len(scenarios)} scenarios): TV(speculative, target) exactly")
-    rows = run_scenarios(scenarios, progress=not args.no_progress)
+    rows = run_scenarios(scenarios, progress=not args.no_progress, executor=executor)
     correct = [r for r in rows if r["kind"] == "correct"]
     controls_ = [r for r in rows if r["kind"] == "control"]
     ok = we["ok"] and mb["ok"] and all(r["ok"] for r in rows)

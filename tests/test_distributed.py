@@ -232,3 +232,34 @@ def test_bad_sweeps_are_named(bad, word):
 
     with pytest.raises(SpecrefError, match=word):
         validate(bad)
+
+
+def run_cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "specref.verify", "--no-progress", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_matrix_on_two_workers_gives_the_same_rows(tmp_path):
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    runs = [run_cli("--scenario", "table2-V3", "--json", str(one)),
+            run_cli("--scenario", "table2-V3", "--workers", "2", "--json", str(two))]
+    assert all(r.returncode == 0 for r in runs), runs[1].stderr
+    rows = [[(s["name"], s["status"], s["tv"], s["tv_exact"]) for s in json.loads(p.read_text())["scenarios"]]
+            for p in (one, two)]
+    assert rows[0] == rows[1] and len(rows[0]) >= 5
+
+
+def test_cli_sweep_and_unreachable_scheduler(tmp_path):
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({**SWEEP, "impl": "tests.implementations:resample_from_p_with_seed",
+                                 "settings": {"mode": "statistical", "samples": 2 * BLOCK}}))
+    run = run_cli("--sweep", str(sweep), "--out", str(tmp_path / "out.json"), "--workers", "2")
+    assert run.returncode == 1 and "differs" in run.stdout  # the classic bug, in every cell
+    assert all(not c["result"]["ok"] for c in json.loads((tmp_path / "out.json").read_text())["cells"].values())
+    t0 = time.perf_counter()
+    bad = run_cli("--sweep", str(sweep), "--scheduler", "tcp://127.0.0.1:9")
+    assert bad.returncode == 2 and "cannot reach the Dask scheduler" in bad.stderr
+    assert time.perf_counter() - t0 < 60
