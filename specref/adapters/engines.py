@@ -170,7 +170,7 @@ def vllm_reference(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft
     B, K = k.shape[0], int(max_spec_len)
     t_host = to_numpy(target_probs)
     exact = t_host.dtype == object
-    dt, zero = (object, Fraction(0)) if exact else (np.float64, 0.0)
+    dt, zero = (object, Fraction(0)) if exact else (t_host.dtype, 0.0)  # float32 rows keep their dtype's tolerance
     p = np.full((B, K + 1, V), zero, dtype=dt)
     q = None if draft_probs is None else np.full((B, K, V), zero, dtype=dt)
     p[..., 0] = 1  # unused rows: a point mass (never read for a draw)
