@@ -83,31 +83,44 @@ def row_tolerance(dtype, V: int) -> float:
 
 
 def _dtype_name(x) -> str:
-    return str(getattr(x, "dtype", type(x).__name__)).replace("torch.", "")
+    return str(getattr(x, "dtype", type(x).__name__)).rsplit(".", 1)[-1]  # torch.float32, array_api_strict.float64
+
+
+def _small(a) -> np.ndarray:
+    """A small summary array (sums, picks) copied to the host, from any backend and device."""
+    if not isinstance(a, np.ndarray) and hasattr(a, "cpu"):
+        a = a.cpu()
+    return to_numpy(a)
 
 
 def _host_rows(name, rows, shape, used):
-    """Validated float64 (or Fraction) host rows ``[B, R, V]``; ``used`` [B, R] marks rows checked."""
+    """Validated float64 (or Fraction) rows ``[B, R, V]`` on the rows' own backend and device.
+
+    ``used`` [B, R] (host bools) marks the rows that are checked and read; the others are
+    replaced by a uniform row.  Only [B, R] summaries (sums, minima) travel to the host.
+    """
     dtype = _dtype_name(rows)
     if any(d == dtype for d in _REFUSED_DTYPES):
         raise SpecrefError(f"{name} has dtype {dtype}: float16/bfloat16 rows are refused (round them to "
                            "float32 or float64 first; their rounding moves the law by more than a tolerance)")
-    host = to_numpy(rows)
-    if host.ndim != 3:
-        raise SpecrefError(f"{name} must have shape {shape}, got {tuple(host.shape)}")
-    if host.dtype == object:
-        return _exact_rows(name, host, used)
-    if host.dtype.kind not in "f":
-        raise SpecrefError(f"{name} must hold float32/float64 probabilities, got dtype {host.dtype}")
-    V = host.shape[2]
-    tol = row_tolerance(host.dtype, V)
-    rows64 = host.astype(np.float64)  # one copy, renormalised in place below
-    sums = rows64.sum(axis=2)  # NaN and inf entries make their row's sum non-finite
+    if isinstance(rows, (list, tuple)):
+        rows = np.asarray(rows)
+    if getattr(rows, "ndim", None) != 3:
+        raise SpecrefError(f"{name} must have shape {shape}, got {tuple(getattr(rows, 'shape', ()))}")
+    if isinstance(rows, np.ndarray) and rows.dtype == object:
+        return _exact_rows(name, rows, used)
+    if dtype not in ("float32", "float64"):
+        raise SpecrefError(f"{name} must hold float32/float64 probabilities, got dtype {dtype}")
+    xp = namespace(rows)
+    V = rows.shape[2]
+    tol = row_tolerance(np.dtype(dtype), V)
+    rows64 = xp.astype(rows, xp.float64)
+    sums = _small(xp.sum(rows64, axis=2))  # NaN and inf entries make their row's sum non-finite
     bad = ~np.isfinite(sums) & used
     if bad.any():
         b, i = map(int, np.argwhere(bad)[0])
         raise SpecrefError(f"{name}[{b}, {i}] (row {b}) is not finite (NaN or inf)")
-    neg = (rows64.min(axis=2) < 0) & used
+    neg = (_small(xp.min(rows64, axis=2)) < 0) & used
     if neg.any():
         b, i = map(int, np.argwhere(neg)[0])
         raise SpecrefError(f"{name}[{b}, {i}] (row {b}) has a negative entry")
@@ -115,12 +128,12 @@ def _host_rows(name, rows, shape, used):
     if off.any():
         b, i = map(int, np.argwhere(off)[0])
         raise SpecrefError(f"{name}[{b}, {i}] (row {b}) sums to {sums[b, i]!r}, not 1 within "
-                           f"{tol:.3g} (row_tolerance({host.dtype}, V={V}))")
+                           f"{tol:.3g} (row_tolerance({dtype}, V={V}))")
+    dev = _device(rows)
     if not used.all():  # unused rows: any distribution, never read for a draw
-        rows64[~used] = 1.0 / V
-        sums[~used] = 1.0
-    rows64 /= sums[..., None]  # renormalise in float64
-    return rows64
+        rows64 = xp.where(xp.asarray(used, device=dev)[..., None], rows64, xp.asarray(1.0 / V, dtype=xp.float64, device=dev))
+        sums = np.where(used, sums, 1.0)
+    return rows64 / xp.asarray(sums, dtype=xp.float64, device=dev)[..., None]  # renormalise in float64
 
 
 def _exact_rows(name, host, used):
@@ -146,7 +159,7 @@ def check_batched_inputs(p_target, q_draft, draft_tokens, num_draft=None, *, pla
     ``k_b`` must be the placeholder; entries before must be ids in ``0..V-1`` with
     ``q_draft[b, i, x] > 0``.  Every message names the argument and the row.
     """
-    x = to_numpy(draft_tokens)
+    x = _small(draft_tokens)
     if x.ndim != 2:
         raise SpecrefError(f"draft_tokens must have shape [B, K], got {tuple(x.shape)}")
     if x.dtype.kind not in "iu":
@@ -190,7 +203,8 @@ def check_batched_inputs(p_target, q_draft, draft_tokens, num_draft=None, *, pla
     q = None if q_draft is None else _host_rows("q_draft", q_draft, f"[{B}, {K}, {V}]", live)
     xs = np.where(live, x, 0)
     if q is not None:
-        zero = live & (np.take_along_axis(q, xs[..., None], axis=2)[..., 0] == 0)
+        xq = namespace(q) if q.dtype != object else np
+        zero = live & (_small(_pick(q, xq.asarray(xs, device=_device(q)), xp=xq)) == 0)
         if zero.any():
             b, i = map(int, np.argwhere(zero)[0])
             raise SpecrefError(f"draft_tokens[{b}, {i}] = {x[b, i]} (row {b}) has q_draft[{b}, {i}, {x[b, i]}] = 0: "
@@ -283,13 +297,9 @@ def _prepare(p_target, q_draft, draft_tokens, num_draft, placeholder):
     exact = p.dtype == object
     if exact:
         return np, p, q, x, k, exact
-    like = p_target if not isinstance(p_target, np.ndarray) else None
-    if like is None:
-        return np, p, q, x, k, exact
-    xp = namespace(like)
-    dev = _device(like)
-    move = lambda a, dt: None if a is None else xp.asarray(a, dtype=dt, device=dev)  # noqa: E731
-    return xp, move(p, xp.float64), move(q, xp.float64), move(x, xp.int64), move(k, xp.int64), exact
+    xp = namespace(p)  # the rows stay on their backend and device
+    dev = _device(p)
+    return xp, p, q, xp.asarray(x, dtype=xp.int64, device=dev), xp.asarray(k, dtype=xp.int64, device=dev), exact
 
 
 def _uniforms(rng, shape, *, xp, like):
@@ -329,6 +339,8 @@ def sample_drafts(q_draft, rng, *, num_draft=None, placeholder: int = PLACEHOLDE
     k = np.full(B, K) if num_draft is None else to_numpy(num_draft).astype(np.int64)
     live = np.arange(K)[None, :] < k[:, None]
     q = _host_rows("q_draft", q_draft, f"[{B}, {K}, {V}]", live)
+    if q.dtype != object:
+        q = _small(q)
     u = rng.random((B, K))
     x = _categorical(q.reshape(B * K, V), u.reshape(-1), xp=np).reshape(B, K)
     return np.where(live, x, placeholder).astype(np.int64)

@@ -578,15 +578,15 @@ def _detectable(stats, counts, level_alpha):
 def _count(stats, counts, tokens, n, x, B):
     rows = tokens.shape[0]
     L = n - 1
-    types = np.arange(rows) % B
+    # row i of a call is copy i // B of row type i % B: each type is a strided view, no copy
+    per_type = [(tokens[b::B], n[b::B], None if x is None else x[b::B]) for b in range(B)]
     for s, c in zip(stats, counts):
         if s.distance:
             a, b = s.rows
             i, j = _pair_indices(rows, B, s.distance, a, b)
             codes = s.code(L[i], L[j])
         else:
-            sel = types == s.rows[0]
-            codes = s.code(tokens[sel], n[sel], None if x is None else x[sel])
+            codes = s.code(*per_type[s.rows[0]])
         c += np.bincount(np.asarray(codes, dtype=np.int64), minlength=len(c))[: len(c)]
 
 

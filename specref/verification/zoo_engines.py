@@ -112,12 +112,21 @@ def _chain(p_target, q_draft, seed, draft_tokens=None, *, shared_coin=False, reu
         live = alive if index_placeholders else alive & (i < k)
         xi = x[:, i]  # a placeholder -1 indexes the last column when live
         px = p[rows, i, xi]
-        ratio = px if q is None else np.array([a / b if b > 0 else a * 0 + 2 for a, b in zip(px, q[rows, i, xi])],
-                                              dtype=p.dtype)
-        test = np.zeros(B, dtype=bool)
-        for b in np.flatnonzero(live):  # only live rows spend a comparison
-            u = u_acc[b, i]
-            test[b] = (u <= ratio[b]) if inclusive else (u > 1 - ratio[b]) if one_minus_coin else (u < ratio[b])
+        if q is None:
+            ratio = px
+        elif p.dtype == object:
+            ratio = np.array([a / b if b > 0 else a * 0 + 2 for a, b in zip(px, q[rows, i, xi])], dtype=object)
+        else:  # a zero draft lane (a placeholder's) counts as always accepted
+            qx = q[rows, i, xi]
+            ratio = np.where(qx > 0, px / np.where(qx > 0, qx, 1.0), 2.0)
+        if u_acc.dtype != object:  # float coins: one vectorised comparison
+            u = u_acc[:, i]
+            test = live & ((u <= ratio) if inclusive else (u > 1 - ratio) if one_minus_coin else (u < ratio))
+        else:
+            test = np.zeros(B, dtype=bool)
+            for b in np.flatnonzero(live):  # lazy coins: only live rows spend a comparison
+                u = u_acc[b, i]
+                test[b] = (u <= ratio[b]) if inclusive else (u > 1 - ratio[b]) if one_minus_coin else (u < ratio[b])
         alive = live & test
         n = n + alive
     limit = K if index_placeholders else k
