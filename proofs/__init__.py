@@ -19,6 +19,7 @@ claim  what                                         module
 4      two-token block law, V = 2, K = 2            :mod:`proofs.block_law`
 5      cost model: E[L], S, K = 1, Table 1, best K  :mod:`proofs.cost_model`
 6      specref agrees with the symbolic results     :mod:`proofs.cross_check`
+7      one-node law of RRS, two children, V = 2, 3  :mod:`proofs.tree_law`
 =====  ==========================================  =========================
 
 ``proofs`` stands apart: specref never imports it; only the cross-check imports specref.
@@ -32,7 +33,7 @@ __all__ = ["CLAIMS", "selected", "run_all", "Result"]
 
 
 def _claims():
-    from proofs import block_law, cost_model, cross_check, step_law
+    from proofs import block_law, cost_model, cross_check, step_law, tree_law
 
     return (
         ("1", step_law.prove_single_token),
@@ -45,6 +46,7 @@ def _claims():
         ("5d", cost_model.prove_table_1),
         ("5e", cost_model.prove_best_k),
         ("6", cross_check.prove_cross_check),
+        ("7", tree_law.prove_rrs_one_node),
     )
 
 
