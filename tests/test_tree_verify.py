@@ -176,3 +176,27 @@ def test_bad_input_names_the_node():
     with pytest.raises(SpecrefError, match="block_verify needs a chain"):
         block_verify(DraftTree((-1, 0, 0), (-1, 1, 2)), rows, rows.copy(), np.random.default_rng(0))
     assert typical_acceptance(chain_tree([1]), rows[:2], None, np.random.default_rng(0))[0] == [1]
+
+
+def test_tree_decode_samples_the_target_law():
+    """Real decoding (numpy rng) against the exact target law: pooled G-test, N = 2000, alpha = 1e-6.
+
+    Outcomes are the 2-token outputs (at most 9, V = 3); the reference fails with probability
+    <= 1e-6.  A second route to the exact-law tests above, through the sampling loop itself.
+    """
+    from specref.decoding.tree import tree_decode
+    from specref.verification.stats import compare_counts
+
+    config = SamplingConfig()
+    want = target_law(TARGET, [1], config, 2)
+    outcomes = sorted(want)
+    gen = np.random.default_rng(12)
+    counts = np.zeros(len(outcomes) + 1, dtype=np.int64)
+    for _ in range(2000):
+        out = tree_decode(TARGET, DRAFT, [1], widths=(2, 1), scheme="iid", verify="rrs_with_replacement",
+                          config=config, max_new_tokens=2, rng=gen)
+        t = tuple(out["tokens"])
+        counts[outcomes.index(t) if t in want else len(outcomes)] += 1
+    null = np.array([float(want[o]) for o in outcomes] + [0.0])
+    result = compare_counts(counts, null, alpha=1e-6)
+    assert counts[-1] == 0 and not result.rejected, result.g

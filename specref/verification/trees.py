@@ -14,8 +14,10 @@
 
 The completed block must have the target law of ``depth + 1`` tokens.  Exact mode
 enumerates every draft and every coin (the implementation's ``rng`` is the
-enumerator's); statistical mode samples and G-tests as the other levels do
-(:func:`specref.verification.oracle.run_programs`).
+enumerator's); statistical mode samples N blocks and runs the pooled G-test of
+:mod:`specref.verification.stats`, handing the implementation a seeded
+``numpy.random.Generator`` (the one the drafts are drawn from; an implementation may
+ignore it and use its own randomness).
 
 SGLang-style kernels take their coins as arguments: :func:`from_coins` wraps such a
 kernel into a ``tree_step_fn`` by passing it lazy uniforms, so it runs in exact mode.
