@@ -90,8 +90,15 @@ class RuledModel:
     def __init__(self, model, rules, config: SamplingConfig):
         self.model, self.rules, self.config = model, _check_rules(rules), config
         self.vocab_size = getattr(model, "vocab_size", None)
+        self._memo = {}  # rows per context: an enumeration asks for the same prefixes again and again
 
     def probs(self, tokens):  # [n] -> [n, V]
+        key = tuple(int(t) for t in tokens)
+        if key not in self._memo:
+            self._memo[key] = self._probs(list(key))
+        return self._memo[key].copy()
+
+    def _probs(self, tokens):
         exact = hasattr(self.model, "probs")
         if callable(self.rules):
             rows = np.asarray(self.model.probs(tokens), dtype=np.float64) if exact else self.model(tokens)

@@ -1,0 +1,119 @@
+"""Hugging Face ``generate`` with an assistant, end to end under the decoder-level oracle (statistical).
+
+The ground truth is the exact law of plain target sampling with HF's own processors
+(:func:`specref.adapters.hf_generate.hf_rules`).  Every run is seeded (the oracle's
+seed reaches torch through ``fork_rng``), so each verdict is reproducible.  N and
+the level, chosen to fit the suite's budget (~15 ms per assisted ``generate`` call,
+~7 ms per plain one, one torch thread):
+
+- assisted, temperature 0.7 (27 outcomes): ``N = 600``, ``alpha = 1e-3``; detects
+  TV >= ``detectable_tv(600, 1e-3, 0.9, 28)`` ~ 0.37 with power 0.9;
+- assisted, EOS inside a block and ``max_new_tokens`` reached mid-block (K = 3,
+  4 new tokens): ``N = 300``; a smoke test of those paths at this N (TV >= ~0.5);
+- assisted greedy (``do_sample=False``): ``N = 20``, the law is a point mass, so a
+  single wrong output fails it;
+- the control, plain ``generate(do_sample=True)`` with min-p 0.3 (11 outcomes):
+  ``N = 600``, detects TV >= ~0.22; the positive control -- the same plain
+  ``generate`` run without min-p, judged against the min-p law (exact TV 0.26,
+  computed below) -- must be flagged at that N.
+
+``alpha = 1e-3`` instead of the oracle's 1e-6: with fixed seeds a false alarm cannot
+come and go between runs, and the smaller level buys power at this N.  The README
+table runs the planned N (TV >= 0.01 at alpha = 1e-6) in ``benchmarks/hf_generate.py``.
+
+The efficiency verdict on the temperature case: transformers 5.24 hands the assistant
+each warper twice (temperature 0.7 becomes 0.49 on the draft), so generate needs more
+target calls than the reference (exact 2.043 per decode) and matches the reference
+with the draft warped twice (exact 2.190).  About 25 s in all.
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from specref.verification.oracle import check_decoder
+from specref.verification.stats import detectable_tv
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from specref.adapters.hf_generate import (  # noqa: E402
+    HFGenerate,
+    assistant_processors,
+    hf_cases,
+    hf_rules,
+    hf_rules_twice,
+)
+from specref.core.sampling import SamplingConfig  # noqa: E402
+from specref.verification.efficiency import _mean, efficiency, reference_iterations  # noqa: E402
+from specref.verification.laws import compare, target_law  # noqa: E402
+from specref.verification.rules import ruled  # noqa: E402
+
+ALPHA = 1e-3
+CASES = {c.name: c for c in hf_cases()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quiet_transformers():
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()  # generate warns about passing config and kwargs together
+    yield
+    logging.set_verbosity(level)
+
+
+def test_assisted_generate_preserves_the_law_of_plain_sampling_with_hf_processors():
+    impl = HFGenerate()
+    case = CASES["hf-temperature"]
+    report = check_decoder(impl, cases=[case], mode="statistical", samples=600, alpha=ALPHA)
+    assert detectable_tv(600, ALPHA, 0.9, 28) < 0.38
+    assert report.ok, report
+    assert "self-consistent" in str(report)  # checked against its own (HF's) rules
+    # the efficiency verdict: wasteful against the reference, in line with a draft warped twice
+    calls = impl.target_calls[-600:]
+    verdict = efficiency(calls, case, rules=hf_rules)
+    assert verdict.verdict == "wasteful" and abs(verdict.reference - 2.0429) < 1e-3, verdict
+    twice = float(_mean(reference_iterations(case, rules=hf_rules, draft_rules=hf_rules_twice)))
+    assert abs(twice - 2.1903) < 1e-3 and verdict.interval[0] <= twice <= verdict.interval[1], verdict
+
+
+def test_assisted_generate_eos_inside_a_block_and_max_new_tokens_mid_block():
+    # K = 3, 4 new tokens, stop token 2: a second block is cut at max_new_tokens unless EOS ends it first
+    case = CASES["hf-eos-mid-block"]
+    report = check_decoder(HFGenerate(), cases=[case], mode="statistical", samples=300, alpha=ALPHA)
+    assert report.ok, report
+
+
+def test_assisted_greedy_generate_is_the_argmax_chain():
+    report = check_decoder(HFGenerate(), cases=[CASES["hf-greedy"]], mode="statistical", samples=20, alpha=ALPHA)
+    assert report.ok and report.results[0].tv == 0, report
+
+
+def test_control_plain_generate_passes_and_a_wrong_plain_sampler_is_flagged():
+    case = CASES["hf-min-p"]
+    plain = check_decoder(HFGenerate(assisted=False), cases=[case], mode="statistical", samples=600, alpha=ALPHA)
+    assert plain.ok, plain
+    target, _ = case.models()
+    truth_model, config = ruled(target, case.config, hf_rules)
+    wrong_model, _ = ruled(target, replace(case.config, min_p=0.0), hf_rules)
+    tv = compare(target_law(wrong_model, list(case.prompt), config, case.max_new_tokens),
+                 target_law(truth_model, list(case.prompt), config, case.max_new_tokens)).tv
+    assert tv > detectable_tv(600, ALPHA, 0.9, 12)  # 0.26 > 0.22: planned power >= 0.9
+
+    no_min_p = HFGenerate(assisted=False)
+
+    def forgets_min_p(target, draft, prompt, *, config, **kwargs):
+        return no_min_p(target, draft, prompt, config=replace(config, min_p=0.0), **kwargs)
+
+    flagged = check_decoder(forgets_min_p, cases=[case], mode="statistical", samples=600, alpha=ALPHA, rules=hf_rules)
+    assert not flagged.ok, flagged
+
+
+def test_the_assistant_applies_every_warper_twice_in_this_transformers():
+    import transformers
+
+    names = assistant_processors(SamplingConfig(temperature=0.7, top_k=2, top_p=0.9))
+    if transformers.__version__.startswith("5.24"):
+        assert names == ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"] * 2
+    assert names.count("TemperatureLogitsWarper") >= 1
