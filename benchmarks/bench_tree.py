@@ -11,9 +11,11 @@ random bigram tables (``toy_models.ngram.NGramModel.random``, order 2), Fraction
 
 Then E[accepted draft tokens per step] for chain / width 2 / width 4 trees of depth
 1..4, exact (from the law of one step at the prompt) beside a measured mean on the toy
-transformer pair (``specref.verify.transformer_pair``, float rows, N steps).
+transformer pair (``specref.verify.transformer_pair``, float rows, N steps).  Last, the
+per-node acceptance of each verifier against the optimum over random rational (p, q), V = 4,
+k = 2 and 3 (:func:`specref.verification.optimal.acceptance_table`), optionally drawn.
 
-    python benchmarks/bench_tree.py [--repeats 3] [--quick] [--json PATH]
+    python benchmarks/bench_tree.py [--repeats 3] [--quick] [--json PATH] [--figure PATH.png]
 """
 
 from __future__ import annotations
@@ -133,20 +135,51 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one repeat, fewer samples")
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--figure", metavar="PATH", help="draw the acceptance table (matplotlib, PNG)")
     args = ap.parse_args(argv)
+    from specref.verification.optimal import acceptance_table
+
     repeats = 1 if args.quick else args.repeats
     out = {"machine": machine_info(), "argv": sys.argv[1:], "headline": headline(repeats),
-           "accepted_length": accepted_length(200 if args.quick else 2000)}
+           "accepted_length": accepted_length(200 if args.quick else 2000),
+           "acceptance": acceptance_table(5 if args.quick else 30, V=4, ks=(2, 3), seed=0)}
     for r in out["headline"]:
         print(f"{r['what']:<70} {r['seconds']:7.3f} s  paths={r['paths']}  outputs={r['outputs']}"
               + (f"  TV={r['tv']}" if "tv" in r else ""))
     print(f"\n{'shape':<8} {'depth':>5} {'nodes':>5} {'E[accepted] exact':>18} {'measured':>9}")
     for r in out["accepted_length"]:
         print(f"{r['shape']:<8} {r['depth']:>5} {r['nodes']:>5} {r['exact']:>18.4f} {r['measured']:>9.4f}")
+    names = [n for n in out["acceptance"][0] if n not in ("k", "V", "cases")]
+    print(f"\n{'mean per-node acceptance (V = 4)':<32}" + "".join(f"{'k = ' + str(r['k']):>10}" for r in out["acceptance"]))
+    for n in names:
+        print(f"{n:<32}" + "".join(f"{r[n]:>10.4f}" for r in out["acceptance"]))
+    if args.figure:
+        draw(out["acceptance"], names, args.figure)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
     return out
+
+
+def draw(rows, names, path):
+    """Grouped bars: mean per-node acceptance of each verifier and optimum, per k."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    width = 0.8 / len(rows)
+    for j, r in enumerate(rows):
+        ax.bar([i + j * width for i in range(len(names))], [r[n] for n in names], width, label=f"k = {r['k']}")
+    ax.set_xticks([i + width * (len(rows) - 1) / 2 for i in range(len(names))], names, rotation=25, ha="right",
+                  fontsize=8)
+    ax.set_ylabel("P(accept at a node)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"per-node acceptance vs the optimum, {rows[0]['cases']} random (p, q), V = {rows[0]['V']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
