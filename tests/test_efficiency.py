@@ -1,0 +1,41 @@
+"""The efficiency verdict: the reference's exact law of target calls, and a measured mean against it.
+
+The measured decodes are the reference itself, seeded: N = 2000 decodes give a 99%
+interval of half-width ~0.03 target calls around the mean, so the reference must be
+"as efficient as the reference", and the same counts plus one call "wasteful".
+"""
+
+from dataclasses import replace
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from specref.core.errors import SpecrefError
+from specref.decoding.chain import speculative_decode
+from specref.verification.cases import default_cases
+from specref.verification.efficiency import efficiency, reference_iterations
+
+N = 2000
+
+
+def test_reference_iterations_is_an_exact_law():
+    by_name = {c.name: c for c in default_cases("decoder")}
+    same = reference_iterations(by_name["p-equals-q"])  # p = q: every draft accepted, 3 tokens in one call
+    assert same == {1: Fraction(1)}
+    law = reference_iterations(by_name["worked-example-rows"])
+    assert sum(law.values()) == 1 and set(law) <= {1, 2, 3}
+
+
+def test_the_reference_measured_is_as_efficient_and_one_more_call_is_wasteful():
+    case = {c.name: c for c in default_cases("decoder")}["worked-example-rows"]
+    target, draft = replace(case).as_float().models()
+    rng = np.random.default_rng(7)
+    calls = [speculative_decode(target, draft, list(case.prompt), k=case.k, config=case.config,
+                                max_new_tokens=case.max_new_tokens, rng=rng).iterations for _ in range(N)]
+    good = efficiency(calls, case)
+    assert good.verdict == "as efficient as the reference", good
+    assert efficiency([c + 1 for c in calls], case).verdict == "wasteful"
+    assert efficiency([1] * N, case).verdict == "fewer calls than the reference"
+    with pytest.raises(SpecrefError):
+        efficiency([1], case)
