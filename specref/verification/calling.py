@@ -43,6 +43,7 @@ from itertools import islice
 import numpy as np
 
 from specref.core.errors import SpecrefError
+from specref.verification.frames import innermost_frame
 from specref.verification.laws import LazyUniformError
 from specref.verification.report import (
     ARITHMETIC,
@@ -90,6 +91,8 @@ def describe(e: BaseException) -> str:
         text = f"<str() of the exception raised {type(inner).__name__}>"
     if not isinstance(text, str):
         text = "<str() of the exception did not return a string>"
+    where = innermost_frame(e)  # the innermost frame: file:line in function
+    text = (text or "(no message)") + (f" (at {where})" if where else "")
     return _cut(f"{name}: {text}", DETAIL_LIMIT)
 
 
