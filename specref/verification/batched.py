@@ -96,6 +96,7 @@ class BatchedCase:
     array: str = "numpy"  # statistical mode: "numpy" or "torch" arrays for the implementation
     dtype: str = "float32"  # statistical mode: the rows' dtype ("float32" or "float64")
     memory_budget: int = MEMORY_BUDGET  # statistical mode: bytes of input rows per call
+    device: str | None = None  # statistical mode, torch arrays: the device they are put on ("cuda")
 
     @property
     def shape(self):
@@ -227,7 +228,7 @@ def parse_output(out, B, K, V, k, drafts=None, *, placeholder=PLACEHOLDER, what=
         out, counts = out[0], tuple(out[1:])
     dtype = str(getattr(out, "dtype", ""))
     try:
-        tokens = to_numpy(out) if hasattr(out, "shape") else np.asarray(out)
+        tokens = _host(out) if hasattr(out, "shape") else np.asarray(out)
     except Exception as e:  # noqa: BLE001 - an unconvertible output is the implementation's
         raise Misbehaved(INVALID, f"{what} returned {type(out).__name__} that is not an array: {e}") from None
     if tokens.dtype.kind not in "iu":
@@ -264,7 +265,7 @@ def parse_output(out, B, K, V, k, drafts=None, *, placeholder=PLACEHOLDER, what=
                                       f"token {drafts[b, j]}")
     names = ("n_emitted",) if len(counts) == 1 else ("n_accepted", "n_emitted")
     for name, c in zip(names, counts):
-        c = to_numpy(c).reshape(-1)
+        c = _host(c).reshape(-1)
         want = n - 1 if name == "n_accepted" else n
         if c.shape != (B,) or (c.astype(np.int64) != want).any():
             b = 0 if c.shape != (B,) else int(np.argmax(c.astype(np.int64) != want))
@@ -272,6 +273,13 @@ def parse_output(out, B, K, V, k, drafts=None, *, placeholder=PLACEHOLDER, what=
             raise Misbehaved(INVALID, f"row {b}: {name} = {got} disagrees with the tokens "
                                       f"({int(want[b])}): {tokens[b].tolist()}")
     return tokens, n
+
+
+def _host(a):
+    """An implementation's output on the host, from any backend and device (torch CUDA too)."""
+    if not isinstance(a, np.ndarray) and hasattr(a, "cpu"):
+        a = a.cpu()
+    return to_numpy(a)
 
 
 # ---------------------------------------------------------------- exact mode
@@ -483,13 +491,14 @@ def _pair_indices(total_rows, B, dist, a, c):
 # ---------------------------------------------------------------- statistical mode
 
 
-def _as_array(a, kind, dtype):
+def _as_array(a, kind, dtype, device=None):
     if a is None:
         return None
     if kind == "torch":
         import torch  # the torch path is optional: imported where it is used
 
-        return torch.from_numpy(np.ascontiguousarray(a.astype(dtype)))
+        t = torch.from_numpy(np.ascontiguousarray(a.astype(dtype)))
+        return t if device is None else t.to(device)
     return np.ascontiguousarray(a.astype(dtype))
 
 
@@ -511,8 +520,9 @@ def _statistical_case(level, fn, case, settings, seed):
     copies = min(copies, n_rows)
     calls = math.ceil(n_rows / copies)
     rows = B * copies
-    p_in = _as_array(np.tile(f.p_target, (copies, 1, 1)), case.array, case.dtype)
-    q_in = _as_array(None if f.q_draft is None else np.tile(f.q_draft, (copies, 1, 1)), case.array, case.dtype)
+    p_in = _as_array(np.tile(f.p_target, (copies, 1, 1)), case.array, case.dtype, case.device)
+    q_in = _as_array(None if f.q_draft is None else np.tile(f.q_draft, (copies, 1, 1)), case.array, case.dtype,
+                     case.device)
     k_rows = np.tile(k, copies)
     draft_cdf = None
     if level == "batched":
@@ -531,7 +541,7 @@ def _statistical_case(level, fn, case, settings, seed):
                 for b in range(B):
                     for i in range(int(k[b])):
                         x[b::B, i] = np.minimum(np.searchsorted(draft_cdf[b, i], u[:, b, i], side="right"), V - 1)
-                x_in = x if case.array == "numpy" else _as_array(x, "torch", np.int64)
+                x_in = x if case.array == "numpy" else _as_array(x, "torch", np.int64, case.device)
                 args = (p_in, q_in, x_in, call_seed)
             else:
                 x = None
