@@ -19,6 +19,7 @@ from specref.core.numbers import is_exact
 
 __all__ = [
     "SpecrefError",
+    "SpecrefTypeError",
     "FLOAT_ROW_TOL",
     "LOW_PRECISION_FACTOR",
     "LowPrecisionRows",
@@ -57,6 +58,10 @@ class SpecrefError(ValueError):
     """Bad input to a specref function; the message names the argument and value."""
 
 
+class SpecrefTypeError(SpecrefError, TypeError):
+    """An argument of the wrong type: both a SpecrefError and a TypeError; the message names it."""
+
+
 def _show(value, limit: int = 120) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -64,7 +69,9 @@ def _show(value, limit: int = 120) -> str:
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
     """An int >= ``minimum`` (bools refused), else SpecrefError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise SpecrefTypeError(f"{name} must be an integer >= {minimum}, got {_show(value)}")
+    if value < minimum:
         raise SpecrefError(f"{name} must be an integer >= {minimum}, got {_show(value)}")
     return int(value)
 
@@ -81,7 +88,7 @@ def check_prob_rows(name: str, rows, *, shape: tuple | None = None):
     """
     ndim = getattr(rows, "ndim", None)
     if ndim is None or not hasattr(rows, "shape"):
-        raise SpecrefError(f"{name} must be an array of probabilities, got {type(rows).__name__}")
+        raise SpecrefTypeError(f"{name} must be an array of probabilities, got {type(rows).__name__}")
     if shape is not None:
         if ndim != len(shape) or any(
             want is not None and got != want for got, want in zip(rows.shape, shape)
@@ -95,7 +102,7 @@ def check_prob_rows(name: str, rows, *, shape: tuple | None = None):
         if not {type(v) for v in rows.flat} <= {Fraction, int}:
             i, j = next((i, j) for i, row in enumerate(flat) for j, v in enumerate(row)
                         if type(v) not in (Fraction, int))
-            raise SpecrefError(f"{name}[{i}][{j}] must be a Fraction, got {_show(flat[i][j])}")
+            raise SpecrefTypeError(f"{name}[{i}][{j}] must be a Fraction, got {_show(flat[i][j])}")
         for i, row in enumerate(flat):
             lowest = min(row)
             if lowest < 0:
@@ -106,7 +113,7 @@ def check_prob_rows(name: str, rows, *, shape: tuple | None = None):
         return rows
     host = to_numpy(rows)
     if host.dtype.kind not in "fiu":
-        raise SpecrefError(f"{name} must hold real numbers, got dtype {host.dtype}")
+        raise SpecrefTypeError(f"{name} must hold real numbers, got dtype {host.dtype}")
     flat = host.reshape(-1, host.shape[-1]).astype(np.float64)
     bad = ~np.isfinite(flat)
     if bad.any():
@@ -135,13 +142,13 @@ def check_tokens(name: str, tokens, vocab_size: int, *, length: int | None = Non
     try:
         seq = list(tokens.tolist() if hasattr(tokens, "tolist") else tokens)
     except TypeError:
-        raise SpecrefError(f"{name} must be a sequence of token ids, got {_show(tokens)}") from None
+        raise SpecrefTypeError(f"{name} must be a sequence of token ids, got {_show(tokens)}") from None
     if length is not None and len(seq) != length:
         raise SpecrefError(f"{name} must hold {length} tokens, got {len(seq)}: {_show(seq)}")
     out = []
     for i, t in enumerate(seq):
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-            raise SpecrefError(f"{name}[{i}] must be an integer token id, got {_show(t)}")
+            raise SpecrefTypeError(f"{name}[{i}] must be an integer token id, got {_show(t)}")
         if not 0 <= t < vocab_size:
             raise SpecrefError(f"{name}[{i}] = {t} is out of range for vocabulary size {vocab_size}")
         out.append(int(t))

@@ -36,7 +36,7 @@ from numbers import Real
 import numpy as np
 
 from specref.core.backend import namespace, to_numpy
-from specref.core.errors import SpecrefError, check_prob_rows
+from specref.core.errors import SpecrefError, SpecrefTypeError, check_prob_rows
 from specref.core.numbers import is_exact
 
 __all__ = ["SamplingConfig", "process", "process_probs", "GREEDY"]
@@ -52,6 +52,12 @@ class SamplingConfig:
     min_p: float = 0.0  # keep p >= min_p * max(p); 0.0: off
 
     def __post_init__(self):
+        for name, allowed in (("temperature", Real), ("top_p", Real), ("min_p", Real)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, allowed):
+                raise SpecrefTypeError(f"{name} must be a real number, got {type(v).__name__} {v!r:.60}")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer))):
+            raise SpecrefTypeError(f"top_k must be None or an integer >= 1, got {type(self.top_k).__name__}")
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, Real) or not (isinstance(t, Fraction) or math.isfinite(t)) or t < 0:
             raise SpecrefError(f"temperature must be a finite number >= 0, got {t!r}")
@@ -79,9 +85,13 @@ def process(logits, config: SamplingConfig):
     Runs on the array library of ``logits`` (NumPy, CuPy, array_api_strict).
     """
     _check_config(config)
-    xp = namespace(logits)
-    if not hasattr(logits, "shape") or logits.ndim == 0 or logits.shape[-1] == 0:
+    if not hasattr(logits, "shape") or not hasattr(logits, "ndim"):
+        raise SpecrefTypeError(f"logits must be an array of shape [..., V], got {type(logits).__name__}")
+    if logits.ndim == 0 or logits.shape[-1] == 0:
         raise SpecrefError(f"logits must have shape [..., V] with V >= 1, got {getattr(logits, 'shape', logits)!r}")
+    if getattr(getattr(logits, "dtype", None), "kind", "f") not in "fiu":
+        raise SpecrefTypeError(f"logits must hold real numbers, got dtype {logits.dtype}")
+    xp = namespace(logits)
     shape = logits.shape
     z = xp.reshape(xp.astype(logits, xp.float64), (-1, shape[-1]))  # [n, V]
     _check_logits(z, xp)
@@ -154,7 +164,7 @@ def _scaled(diff, temperature, xp):
 
 def _check_config(config):
     if not isinstance(config, SamplingConfig):
-        raise SpecrefError(f"config must be a SamplingConfig, got {config!r}")
+        raise SpecrefTypeError(f"config must be a SamplingConfig, got {config!r:.80}")
 
 
 def _check_logits(z, xp):

@@ -25,7 +25,7 @@ import types
 import numpy as np
 
 from specref.core.backend import to_numpy
-from specref.core.errors import SpecrefError, check_prob_rows, check_tokens
+from specref.core.errors import SpecrefError, SpecrefTypeError, check_prob_rows, check_tokens
 from specref.core.numbers import is_exact
 
 __all__ = [
@@ -138,15 +138,15 @@ def check_rng(rng, name: str = "rng"):
         return rng
     hint = "pass a generator instance such as numpy.random.default_rng(seed)"
     if rng is None:
-        raise SpecrefError(f"{name} must be a generator instance, got None; {hint}")
+        raise SpecrefTypeError(f"{name} must be a generator instance, got None; {hint}")
     if isinstance(rng, type):
-        raise SpecrefError(f"{name} must be a generator instance, got the class {rng.__name__}; {hint}")
+        raise SpecrefTypeError(f"{name} must be a generator instance, got the class {rng.__name__}; {hint}")
     if isinstance(rng, types.ModuleType):
-        raise SpecrefError(f"{name} must be a generator instance, got the module {rng.__name__}; {hint}")
+        raise SpecrefTypeError(f"{name} must be a generator instance, got the module {rng.__name__}; {hint}")
     if isinstance(rng, np.random.RandomState):
-        raise SpecrefError(f"{name} must be a numpy.random.Generator, got the legacy RandomState; {hint}")
+        raise SpecrefTypeError(f"{name} must be a numpy.random.Generator, got the legacy RandomState; {hint}")
     if not (callable(getattr(rng, "random", None)) and callable(getattr(rng, "choice", None))):
-        raise SpecrefError(f"{name} must be a generator with random() and choice(n, p=...), got "
+        raise SpecrefTypeError(f"{name} must be a generator with random() and choice(n, p=...), got "
                            f"{type(rng).__name__}; {hint}")
     return rng
 
@@ -213,7 +213,8 @@ def check_step_inputs(p_target, q_draft, draft_tokens):
     if p_target.shape[1] != V:
         raise SpecrefError(f"vocabulary mismatch: p_target has V={p_target.shape[1]}, q_draft has V={V}")
     if p_target.shape[0] != K + 1:
-        raise SpecrefError(f"p_target must have K+1 = {K + 1} rows for K = {K} draft rows, got {p_target.shape[0]}")
+        raise SpecrefError(f"p_target must have K+1 = {K + 1} rows for K = {K} draft rows (q_draft), "
+                           f"got {p_target.shape[0]}")
     if is_exact(p_target) != is_exact(q_draft):
         raise SpecrefError("p_target and q_draft must both be Fraction (object) rows or both float rows")
     p_target = check_prob_rows("p_target", p_target)  # float32/16 rows: renormalised float64

@@ -41,6 +41,7 @@ from array_api_compat import device as _device
 from specref.core.backend import namespace, to_numpy
 from specref.core.errors import (
     SpecrefError,
+    SpecrefTypeError,
     check_positive_int,
     check_prob_rows,
     check_tokens,
@@ -100,7 +101,7 @@ def _as_float_rows(name, rows, shape):
     # Validation runs on a host copy (check_prob_rows copies anyway).  Fraction (object)
     # rows are exact and NumPy-only; the sampler works in floats.
     host = check_prob_rows(name, to_numpy(rows), shape=shape)
-    if is_exact(host):
+    if is_exact(host) or not hasattr(rows, "shape"):  # Fractions, or a nested list
         return host.astype(np.float64)
     if host.dtype == np.float64 and to_numpy(rows).dtype.itemsize < 8:  # float32/16 rows, renormalised
         xp = namespace(rows)
@@ -159,7 +160,6 @@ def sample_steps(p_target, q_draft, n: int, rng, *, draft_tokens=None) -> StepSa
     ``rng.random(shape)`` is called, in this order: draft uniforms [n, K] (when the
     draft is sampled), acceptance uniforms [n, K], final-token uniforms [n].
     """
-    xp = namespace(p_target, q_draft)
     p_target = _as_float_rows("p_target", p_target, (None, None))
     kp1, v = p_target.shape
     if kp1 < 2:
@@ -168,11 +168,12 @@ def sample_steps(p_target, q_draft, n: int, rng, *, draft_tokens=None) -> StepSa
         )
     k = kp1 - 1
     q_draft = _as_float_rows("q_draft", q_draft, (k, v))
+    xp = namespace(p_target, q_draft)  # after validation: a list or a string has no namespace
     n = check_positive_int("n", n)
     # an instance with random(shape): not None, the Generator class, the np.random module or a RandomState
     if (isinstance(rng, (type, types.ModuleType, np.random.RandomState))
             or not callable(getattr(rng, "random", None))):
-        raise SpecrefError(f"rng must be a numpy.random.Generator instance (numpy.random.default_rng(seed)), "
+        raise SpecrefTypeError(f"rng must be a numpy.random.Generator instance (numpy.random.default_rng(seed)), "
                            f"got {'the class ' + rng.__name__ if isinstance(rng, type) else repr(rng)[:80]}")
     fixed = None if draft_tokens is None else _check_draft_tokens(draft_tokens, to_numpy(q_draft), n)
 
@@ -242,8 +243,9 @@ def first_token_frequencies(p_target, q_draft, n: int, rng) -> FirstTokenFrequen
     :func:`specref.verification.stats.g_test`.
     """
     n = check_positive_int("n", n)
-    xp = namespace(p_target, q_draft)
     p_target = _as_float_rows("p_target", p_target, (None, None))
+    q_draft = _as_float_rows("q_draft", q_draft, (None, p_target.shape[1]))
+    xp = namespace(p_target, q_draft)
     v = p_target.shape[1]
     counts = np.zeros(v, dtype=np.int64)
     done = 0

@@ -630,7 +630,7 @@ def law_iterated(
 # ---------------------------------------------------------------------------
 
 
-TARGET_LAW_MAX_PREFIXES = 10**6  # model queries of target_law before it gives up
+TARGET_LAW_MAX_PREFIXES = 10**5  # model queries of target_law before it gives up (the verify matrix needs < 4e4)
 
 
 def target_law(model, prompt, config, max_new_tokens: int, stop_tokens=(), *,
