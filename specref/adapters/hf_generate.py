@@ -9,7 +9,7 @@ HF's own logits processors, its cache cropping, EOS inside a block,
 ``max_new_tokens`` reached mid-block -- behind specref's decoder protocol, on the
 case's models as real ``PreTrainedModel`` s (:mod:`specref.adapters.hf_models`)::
 
-    from specref.adapters.hf_generate import HFGenerate
+    from specref.adapters.hf_generate import HFGenerate, hf_cases
     from specref.verification.oracle import check_decoder
     print(check_decoder(HFGenerate(), cases=hf_cases(), mode="statistical"))
 
