@@ -31,7 +31,7 @@ tree verification, which cite the papers below.  Block verification's binary exa
 (10/9 tokens with token verification, 11/9 with block verification, 12/9 for the
 full-information optimum) was confirmed in the paper's introduction (Sun et al.,
 "Block Verification Accelerates Speculative Decoding", ICLR 2025, arXiv 2403.10444,
-§1); the other rules are implemented as described at each function, without a claim
+§1, the introduction's motivating example); the other rules are implemented as described at each function, without a claim
 about the paper's section, and each one's losslessness is checked exactly by the
 tests (TV == 0 in rational mode) instead.
 """

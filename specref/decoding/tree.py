@@ -60,7 +60,8 @@ def _children(q, w, scheme, rng) -> list[int]:
 
 
 def draft_tree(widths, draft_row, scheme: str, rng):
-    """``(tree, q_draft [N, V])``: a tree of shape ``widths`` drafted from ``draft_row(path_tokens) -> [V]``.
+    """``(tree, q_draft [N, V], paths)``: a tree of shape ``widths`` drafted from ``draft_row(path_tokens) -> [V]``;
+    ``paths[i]`` is node ``i``'s path of tokens (``()`` for the root).
 
     Nodes are numbered breadth-first, so parents precede children and siblings are
     contiguous, in the order they were drafted.

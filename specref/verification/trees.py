@@ -60,8 +60,7 @@ class TreeCase:
     prompt: tuple = (0,)
     widths: tuple = (2, 2)  # children per node at depth 0, 1, ...
     drafting: str = "topk"  # "topk" | "iid" | "without_replacement"
-    config: SamplingConfig = SamplingConfig()  # kept for Case compatibility; must be the default here
-    tables: str = "probs"
+    tables: str = "probs"  # the tables hold final distributions (no sampling rules are applied)
 
     def __post_init__(self):
         if self.drafting not in SCHEMES:
