@@ -196,3 +196,14 @@ def test_real_flashinfer_kernel_when_importable():
     case = BatchedCase("V64", rng.dirichlet(np.ones(64), size=(2, 4)), rng.dirichlet(np.ones(64), size=(2, 3)))
     report = check("batched", flashinfer_style(flashinfer_engine()), cases=[case], mode="statistical")
     assert report.ok, str(report)
+
+
+def test_engine_shaped_levels_take_the_engine_call_as_it_is():
+    from specref.verification.levels import LEVELS
+
+    assert {"vllm", "flashinfer"} <= set(LEVELS)
+    v = check("vllm", vllm_reference, cases=cases("batched", "ragged-rows"))
+    assert v.ok and v.level == "vllm", str(v)
+    f = check("flashinfer", flashinfer_counts_bonus, cases=cases("batched", "two-rows"))
+    assert f.level == "flashinfer" and f.results[0].status == "invalid output"
+    assert all(c.num_draft is None for c in LEVELS["flashinfer"].cases())

@@ -30,6 +30,9 @@ FlashInfer (``flashinfer/sampling.py``, ``chain_speculative_sampling``)::
 
 ``flashinfer_engine()`` and a test check the real FlashInfer kernel when it imports (a CUDA
 machine); elsewhere that test is skipped.
+
+Importing this module registers two levels that apply the adapters themselves, so an engine-shaped
+function is checked as it is: ``check("vllm", fn)`` and ``check("flashinfer", fn)``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import numpy as np
 from specref.core.backend import namespace, to_numpy
 from specref.core.errors import SpecrefError
 from specref.decoding.batched import PLACEHOLDER, batched_step
+from specref.verification.levels import LEVELS, Level, register
 
 __all__ = [
     "vllm_style",
@@ -216,3 +220,29 @@ def flashinfer_engine(device: str = "cuda"):
         return ids.cpu(), acc.cpu(), emitted.cpu()
 
     return kernel
+
+
+# ---------------------------------------------------------------- the engine-shaped levels
+
+
+def _engine_level(name, adapt, keep):
+    from specref.verification.batched import default_batched_cases, run_batched
+    from specref.verification.levels import LEVELS
+
+    def run(level, fn, cases, settings):
+        report = run_batched(LEVELS["batched"], adapt(fn), cases, settings)
+        report.level = name
+        return report
+
+    return Level(name, _SIGNATURES[name], lambda: [c for c in default_batched_cases("batched") if keep(c)], run)
+
+
+_SIGNATURES = {
+    "vllm": "fn(draft_token_ids [T], num_draft_tokens, max_spec_len, cu_num_draft_tokens [B], "
+            "draft_probs [T, V] | None, target_probs [T, V], bonus_token_ids [B, 1], seed) -> [B, K+1]",
+    "flashinfer": "fn(draft_probs [B, n, V], draft_token_ids [B, n], target_probs [B, n+1, V], seed) "
+                  "-> (ids [B, n+1], accepted_num [B], emitted_num [B])",
+}
+if "vllm" not in LEVELS:  # importing this module registers the engine-shaped levels
+    register(_engine_level("vllm", vllm_style, lambda c: True))
+    register(_engine_level("flashinfer", flashinfer_style, lambda c: c.num_draft is None))
