@@ -208,13 +208,13 @@ def _check_case(spec: Level, case, max_paths: int):
 def _decoder_program(fn, case, time_limit):
     """Decoder level: the output must have the target sampler's law."""
     target, _ = case.models()
+    models = case.models()  # validated once; each call gets copies of these (the oracle keeps `target`)
     V, prompt = case.vocab_size, list(case.prompt)
     n = case.max_new_tokens
 
     def program(rng, impl_rng):
         # fresh models and config for every call: what the implementation does to them stays there
-        fresh = replace(case, target=case.target.copy(), draft=case.draft.copy())
-        out = call(fn, (*fresh.models(), list(prompt)),
+        out = call(fn, (_fresh(models[0]), _fresh(models[1]), list(prompt)),
                    dict(k=case.k, config=copy.copy(case.config), max_new_tokens=n,
                         stop_tokens=list(case.stop_tokens), rng=impl_rng), time_limit,
                    convert=lambda out: checked_tokens(out, V, min_len=0, max_len=n, what="decode_fn"))
@@ -222,6 +222,13 @@ def _decoder_program(fn, case, time_limit):
 
     law_model, law_config = ruled(target, case.config, rules_of(fn))  # the target's own plain sampler
     return program, target_law(law_model, prompt, law_config, case.max_new_tokens, case.stop_tokens)
+
+
+def _fresh(model):
+    """A copy of a table model with its own table (validated already: no second check)."""
+    twin = copy.copy(model)
+    twin.table = model.table.copy()
+    return twin
 
 
 def _step_program(fn, case, time_limit, *, logits=False):
