@@ -58,3 +58,22 @@ def test_misbehaviour_is_a_status():
     assert report.results[0].status == RAISED
     with pytest.raises(SpecrefError, match="TreeCase"):
         check("tree", tree_verify.pointmass_verify, cases=[object()])
+
+
+def test_dense_batches_of_trees_are_checked_jointly():
+    from specref.verification.trees import batched_reference_kernel, check_tree_batch
+
+    cases = tree_cases()[:2]
+    ok = check_tree_batch(batched_reference_kernel, cases=cases)
+    assert ok.ok and ok.worst_tv == 0, str(ok)
+
+    def shared_coins(candidates, first, sibling, coins, finals, p):  # every row reads row 0's coins
+        return batched_reference_kernel(candidates, first, sibling, [coins[0]] * len(coins),
+                                        [finals[0]] * len(finals), p)
+
+    bad = check_tree_batch(shared_coins, cases=cases)
+    assert not bad.ok and bad.worst_tv > 0  # each row alone is right; the rows are not independent
+    one_row = check_tree_batch(shared_coins, batch=1, cases=cases)
+    assert one_row.ok  # with B = 1 the coupling cannot show
+    broken = check_tree_batch(lambda *args: ([[0, 9]], [0]), batch=1, cases=cases[:1])
+    assert broken.results[0].status == INVALID

@@ -23,7 +23,9 @@ SGLang-style kernels take their coins as arguments: :func:`from_coins` wraps suc
 kernel into a ``tree_step_fn`` by passing it lazy uniforms, so it runs in exact mode.
 :func:`sglang_style_kernel` is a reference kernel of that shape (one coin per node,
 siblings tried by a running sum of target probabilities, a scratch row per node that
-records the tried siblings, inverse-CDF final draw with a separate coin).
+records the tried siblings, inverse-CDF final draw with a separate coin).  Dense batches
+of trees (``[B, N]``, as SGLang runs them) are checked exactly by :func:`check_tree_batch`:
+the joint law of the B rows must be the product of the target laws.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from specref.verification.report import DIFFERS, INVALID, OK, CaseResult, Report
 from specref.verification.stats import compare_counts, samples_needed
 from specref.verification.tables import ProbTable
 
-__all__ = ["TreeCase", "tree_cases", "from_coins", "sglang_style_kernel", "check_tree", "tree_program"]
+__all__ = ["TreeCase", "tree_cases", "from_coins", "sglang_style_kernel", "check_tree", "tree_program",
+           "batched_reference_kernel", "check_tree_batch"]
 
 
 @dataclass(frozen=True)
@@ -271,6 +274,89 @@ def sglang_style_kernel(candidates, retrive_next_token, retrive_next_sibling, un
             token = j
             break
     return accept, token
+
+
+# ---------------------------------------------------------------- dense batches [B, N]
+
+
+def batched_reference_kernel(candidates, retrive_next_token, retrive_next_sibling, uniform_samples, uniform_final,
+                             target_probs):
+    """:func:`sglang_style_kernel` row by row over a dense batch: ``[B, N]`` links and coins,
+    ``[B]`` final coins, ``[B, N, V]`` rows -> ``(accept_index [B, depth + 1] padded with -1, next tokens [B])``."""
+    rows = [sglang_style_kernel(candidates[b], retrive_next_token[b], retrive_next_sibling[b], uniform_samples[b],
+                                uniform_final[b], target_probs[b]) for b in range(len(candidates))]
+    width = max(len(a) for a, _ in rows)
+    return [a + [-1] * (width - len(a)) for a, _ in rows], [t for _, t in rows]
+
+
+def check_tree_batch(kernel, *, batch: int = 2, cases=None, tolerance: float = 1e-9) -> Report:
+    """Exact check of a dense-batch SGLang-style kernel: ``batch`` independent trees of one case in one call.
+
+    ``kernel(candidates [B, N], retrive_next_token [B, N], retrive_next_sibling [B, N],
+    uniform_samples [B, N], uniform_final [B], target_probs [B, N, V]) -> (accept_index [B, S], next_tokens [B])``,
+    coins as lazy uniforms.  Each row's block is completed to ``depth + 1`` tokens; the joint law of
+    the B blocks must be the product of the target laws (rows independent), so coupling across rows
+    (a coin shared by two rows, say) is a nonzero TV.
+    """
+    from specref.core.errors import check_positive_int
+
+    B = check_positive_int("batch", batch)
+    cases = tree_cases("topk") if cases is None else list(cases)
+    if not cases:
+        raise SpecrefError("cases is empty: a check on no case proves nothing (tree batch)")
+    report = Report(level="tree batch", mode="exact")
+    for case in cases:
+        if not isinstance(case, TreeCase):
+            raise SpecrefError(f"tree-level cases must be TreeCase objects, got {case!r}")
+        target, draft = case.models()
+        prompt, V, depth = list(case.prompt), case.vocab_size, case.depth
+        config, memo = SamplingConfig(), {}
+
+        def row(model, path):
+            key = (id(model), path)
+            if key not in memo:
+                memo[key] = next_token_probs(model, prompt + list(path), config)
+            return memo[key]
+
+        def program(rng, case=case):
+            trees, p_rows = [], []
+            for _ in range(B):
+                tree, _, paths = draft_tree(case.widths, lambda path: row(draft, path), case.drafting, rng)
+                trees.append(tree)
+                p_rows.append(tree_rows(lambda path: row(target, path), paths))
+            links = [to_sglang(t, root_token=0) for t in trees]
+            coins = [[rng.random() for _ in range(trees[0].size)] for _ in range(B)]
+            finals = [rng.random() for _ in range(B)]
+            out = call(kernel, ([c for c, _, _ in links], [f for _, f, _ in links], [s for _, _, s in links],
+                                coins, finals, np.stack(p_rows)), {}, 10.0)
+            blocks = []
+            try:
+                accept_index, tokens = out
+                for b in range(B):
+                    path = trees[b].check_path([int(i) for i in list(accept_index[b])[1:] if int(i) != -1])
+                    token = int(tokens[b])
+                    if not 0 <= token < V:
+                        raise SpecrefError(f"row {b}: next token {token} outside the vocabulary 0..{V - 1}")
+                    block = [trees[b].tokens[n] for n in path] + [token]
+                    while len(block) < depth + 1:
+                        block.append(draw(rng, row(target, tuple(block))))
+                    blocks.append(tuple(block))
+            except (TypeError, ValueError, IndexError) as e:
+                raise Misbehaved(INVALID, f"kernel returned {out!r}: {e}") from None
+            return tuple(blocks)
+
+        one = target_law(target, prompt, config, depth + 1)
+        expected = {(): Fraction(1)}
+        for _ in range(B):
+            expected = {k + (o,): w * v for k, w in expected.items() for o, v in one.items()}
+        try:
+            got = law(program)
+        except Misbehaved as m:
+            report.results.append(CaseResult(case, m.status, detail=m.detail))
+            continue
+        c = compare(got, expected)
+        report.results.append(CaseResult(case, OK if c.tv <= tolerance else DIFFERS, tv=c.tv))
+    return report
 
 
 register(Level("tree", "tree_step_fn(tree, p_target [N, V], q_draft [N, V] | None, rng) -> (path, next_token)",
