@@ -200,3 +200,16 @@ def test_tree_decode_samples_the_target_law():
     null = np.array([float(want[o]) for o in outcomes] + [0.0])
     result = compare_counts(counts, null, alpha=1e-6)
     assert counts[-1] == 0 and not result.rejected, result.g
+
+
+@pytest.mark.parametrize("scheme, verify", [("topk", "pointmass"), ("iid", "rrs_with_replacement")])
+def test_tree_decoding_with_the_toy_transformers_has_the_target_law(scheme, verify):
+    """Float rows from the tiny cached transformers: TV <= 1e-12 (rounding only)."""
+    from specref.verify import transformer_pair
+
+    target, draft, prompt = transformer_pair()
+    config = SamplingConfig()
+    it = tree_transition(target, draft, prompt, widths=(2, 1), scheme=scheme, verify=verify, config=config,
+                         max_new_tokens=3)
+    c = compare(law_iterated((), it), target_law(target, prompt, config, 3))
+    assert not c.exact and c.tv <= 1e-12, str(c)
