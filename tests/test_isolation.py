@@ -301,22 +301,42 @@ def test_settings_refuse_values_that_could_change_the_verdict(field, value):
 # ---------------------------------------------------------------- the CLI
 
 
-def run_cli(*args, tmp_path):
-    module = tmp_path / "impls13.py"
-    module.write_text(
-        "import os, sys\n"
-        "from specref.core.step import speculative_step\n"
-        "def exits(p, q, x, rng): sys.exit(0)\n"
-        "def hard_exit(p, q, x, rng): os._exit(0)\n"
-        "def huge(p, q, x, rng): raise ValueError('x' * 200_000)\n"
-        "def wrong(p, q, x, rng): return [int(x[0])] * (len(x) + 1)\n"
-        "not_callable = 3\n"
-    )
-    broken = tmp_path / "broken13.py"
-    broken.write_text("raise SystemExit(0)\n")
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
-    return subprocess.run([sys.executable, "-m", "specref.verify", *args], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=ROOT)
+IMPLS = (
+    "import os, sys\n"
+    "from specref.core.step import speculative_step\n"
+    "def exits(p, q, x, rng): sys.exit(0)\n"
+    "def hard_exit(p, q, x, rng): os._exit(0)\n"
+    "def huge(p, q, x, rng): raise ValueError('x' * 200_000)\n"
+    "def wrong(p, q, x, rng): return [int(x[0])] * (len(x) + 1)\n"
+    "not_callable = 3\n"
+)
+
+
+@pytest.fixture
+def impls(tmp_path, monkeypatch):
+    """Modules impls13 (implementations) and broken13 (exits at import) on sys.path."""
+    (tmp_path / "impls13.py").write_text(IMPLS)
+    (tmp_path / "broken13.py").write_text("raise SystemExit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("impls13", "broken13"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return tmp_path
+
+
+def main(*args):
+    """``python -m specref.verify`` in this process: (exit status, stdout + stderr)."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from specref import verify
+
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(out):
+        try:
+            code = verify.main(list(args))
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code
+    return code, out.getvalue()
 
 
 @pytest.mark.parametrize("target, code, word", [
@@ -327,29 +347,38 @@ def run_cli(*args, tmp_path):
     ("no_such_module_13:f", 2, "cannot load"),
     ("specref.core.step:speculative_step", 0, "preserves"),
 ])
-def test_cli_exit_codes(tmp_path, target, code, word):
-    run = run_cli("--impl", target, "--time-limit", "5", tmp_path=tmp_path)
-    assert run.returncode == code, run.stdout + run.stderr
-    assert word in run.stdout + run.stderr
+def test_cli_exit_codes(impls, target, code, word):
+    got, text = main("--impl", target, "--time-limit", "5")
+    assert got == code and word in text, text[-2000:]
 
 
-def test_cli_usage_errors_exit_2(tmp_path):
-    run = run_cli("--impl", "impls13:wrong", "--samples", "0", tmp_path=tmp_path)
-    assert run.returncode == 2 and "--samples" in run.stderr
+def test_cli_usage_errors_exit_2(impls):
+    got, text = main("--impl", "impls13:wrong", "--samples", "0")
+    assert got == 2 and "--samples" in text
 
 
 @needs_fork
-def test_cli_truncates_details_and_json_keeps_the_record(tmp_path):
+def test_cli_truncates_details_and_json_keeps_the_record(impls, tmp_path):
     out = tmp_path / "report.json"
-    run = run_cli("--impl", "impls13:huge", "--json", str(out), tmp_path=tmp_path)
-    assert run.returncode == 1, run.stdout + run.stderr
-    assert len(run.stdout) < 30 * (TABLE_DETAIL + 200)  # ~12 cases of at most TABLE_DETAIL characters each
+    got, text = main("--impl", "impls13:huge", "--json", str(out))
+    assert got == 1, text[-2000:]
+    assert len(text) < 30 * (TABLE_DETAIL + 200)  # ~14 cases of at most TABLE_DETAIL characters each
     record = json.loads(out.read_text())
     assert not record["ok"] and record["results"][0]["status"] == "raised"
     assert len(record["results"][0]["detail"]) > 200_000
     assert record["results"][0]["case"]["name"] == "worked-example-rows"
-    wrong = run_cli("--impl", "impls13:wrong", "--no-isolate", tmp_path=tmp_path)
-    assert wrong.returncode == 1 and "counterexample" in wrong.stdout
+    got, text = main("--impl", "impls13:wrong", "--no-isolate")
+    assert got == 1 and "counterexample" in text
+
+
+@needs_fork
+def test_cli_process_exit_status(tmp_path):
+    """The real process: an implementation that calls os._exit(0) makes the CLI exit 1, with a report."""
+    (tmp_path / "impls13.py").write_text(IMPLS)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    run = subprocess.run([sys.executable, "-m", "specref.verify", "--impl", "impls13:hard_exit"],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert run.returncode == 1 and "crashed" in run.stdout, run.stdout + run.stderr
 
 
 def test_check_raises_only_for_bad_arguments():
