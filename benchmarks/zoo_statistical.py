@@ -1,5 +1,5 @@
-"""Statistical mode against the zoo, at the planned N (issue: "flags every wrong
-implementation whose TV is at least 0.01, using the planned N at alpha = 1e-6").
+"""Statistical mode against the zoo, at the planned N: every wrong implementation whose
+TV is at least 0.01 must be flagged, using the N planned for alpha = 1e-6.
 
 For each zoo entry at step and logits level: its exact TV on one small case (exact
 mode), then the oracle in statistical mode with N planned by

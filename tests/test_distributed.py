@@ -122,6 +122,18 @@ def test_a_finished_shard_is_not_run_again():
     assert np.array_equal(again.counts, whole.counts) and Tally.from_json(store[dropped]).samples == 2 * BLOCK
 
 
+def test_workers_forked_during_one_case_do_not_inherit_its_time_budget():
+    from specref.verification.calling import case_budget
+
+    with local_pool(1) as pool:
+        with case_budget(0.2):  # the pool's worker is forked here, inside a case with 0.2 s left
+            assert pool.submit(abs, -1).result() == 1
+        time.sleep(0.5)
+        later = check_step(reference_with_seed, mode="statistical", cases=CASES[:1], samples=N, seed=2,
+                           executor=pool)
+    assert later.results[0].status == "ok", later.results[0].detail
+
+
 def test_a_worker_that_raises_gets_the_local_status():
     local = check_step(raises_on_token_two, mode="statistical", cases=CASES[:1], samples=N, seed=2)
     with local_pool(2) as pool:

@@ -38,6 +38,7 @@ import os
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from itertools import islice
 
 import numpy as np
@@ -103,6 +104,23 @@ def describe(e: BaseException) -> str:
 _shared_deadline = None
 # The monotonic time by which the case in progress must end (in-process budget).
 _case_end = [math.inf]
+
+
+def case_time_left() -> float:
+    """Seconds left of the case in progress here (inf outside a case)."""
+    return _case_end[0] - time.monotonic()
+
+
+@contextmanager
+def case_budget(seconds: float):
+    """Within the block, the case in progress has ``seconds`` left: a shard that runs in
+    another process carries its case's budget with it (time is measured where it runs)."""
+    previous = _case_end[0]
+    _case_end[0] = time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _case_end[0] = previous
 
 
 def call(fn, args, kwargs, time_limit, convert=None):

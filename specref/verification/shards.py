@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 from specref.core.errors import SpecrefError, check_positive_int
-from specref.verification.calling import Misbehaved
+from specref.verification.calling import Misbehaved, case_budget, case_time_left
 
 __all__ = ["BLOCK", "Tally", "block_rng", "tally", "tally_blocks", "shard_key", "check_executor", "check_travel", "WORKER_FAILED"]
 
@@ -76,13 +76,20 @@ def shard_key(seed: int, first: int, stop: int, n: int) -> str:
     return f"seed={seed}:blocks={first}-{stop}:n={n}"
 
 
-def tally_blocks(make_program: Callable, outcomes: tuple, seed: int, first: int, stop: int, n: int) -> Tally:
+def tally_blocks(make_program: Callable, outcomes: tuple, seed: int, first: int, stop: int, n: int,
+                 budget: float = math.inf) -> Tally:
     """Run blocks ``first..stop-1`` of an ``n``-sample check (runs in a worker).
 
     ``make_program()`` builds ``program(rng, impl_seed) -> output`` where it runs, so
     only the recipe travels; each sample gets the oracle's generator (for the draft
     tokens the oracle itself draws) and an integer seed for the implementation.
+    ``budget``: seconds its case had left when the shard was sent.
     """
+    with case_budget(budget):
+        return _tally_blocks(make_program, outcomes, seed, first, stop, n)
+
+
+def _tally_blocks(make_program, outcomes, seed, first, stop, n) -> Tally:
     program = make_program()
     index = {o: i for i, o in enumerate(outcomes)}
     counts = np.zeros(len(outcomes) + 1, dtype=np.int64)
@@ -168,7 +175,8 @@ def tally(make_program: Callable, outcomes, n: int, seed: int, *, executor=None,
                 break
         return total
     try:
-        futures = {executor.submit(tally_blocks, make_program, outcomes, seed, a, b, n): (a, b) for a, b in shards}
+        futures = {executor.submit(tally_blocks, make_program, outcomes, seed, a, b, n, case_time_left()): (a, b)
+                   for a, b in shards}
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         raise SpecrefError(f"executor cannot send the implementation or case to a worker ({type(e).__name__}: {e}); "
                            f"use a module-level function, or a Dask client's executor") from None
