@@ -605,3 +605,47 @@ def test_statistical_check_with_the_generator_class_is_refused_not_crashed():
 
     report = check_step(uses_class, cases=CASES, mode="statistical", samples=20)
     assert report.results[0].status == "raised" and "class" in report.results[0].detail
+
+
+def _entry_points():
+    """(name, function, valid keyword arguments) for the public functions not covered above."""
+    from specref.core.step import acceptance_rate, accepted_mass, residual, residual_mass
+    from specref.decoding.vectorized import first_token_frequencies
+    from specref.verification.laws import law
+    from specref.verification.stats import samples_needed, tv_estimate
+
+    table = ProbTable(np.stack([P[0], P[1], P[2]]))
+    return [
+        ("residual", residual, dict(p=P[0], q=Q[0])),
+        ("acceptance_rate", acceptance_rate, dict(p=P[0], q=Q[0])),
+        ("accepted_mass", accepted_mass, dict(p=P[0], q=Q[0])),
+        ("residual_mass", residual_mass, dict(p=P[0], q=Q[0])),
+        ("first_token_frequencies", first_token_frequencies,
+         dict(p_target=P, q_draft=Q, n=10, rng=np.random.default_rng(0))),
+        ("samples_needed", samples_needed, dict(tv=0.1, alpha=1e-3, power=0.9, n_outcomes=3)),
+        ("tv_estimate", tv_estimate, dict(counts=np.array([3, 5, 2]), probs=P[0], confidence=0.99)),
+        ("target_law", target_law, dict(model=table, prompt=[0], config=SamplingConfig(), max_new_tokens=2,
+                                        stop_tokens=())),
+        ("sample_target", sample_target, dict(target=table, prompt=[0], config=SamplingConfig(), max_new_tokens=2,
+                                              stop_tokens=(), rng=np.random.default_rng(0))),
+        ("law", law, dict(program=lambda rng: rng.choice(2), max_paths=10)),
+        ("check_step", check_step, dict(step_fn=speculative_step, cases=CASES, mode="exact")),
+    ]
+
+
+ENTRY_POINTS = _entry_points()
+
+
+@FUZZ
+@given(st.sampled_from(range(len(ENTRY_POINTS))), st.data(), BAD)
+def test_every_other_entry_point_refuses_or_works(i, data, bad):
+    name, fn, valid = ENTRY_POINTS[i]
+    arg = data.draw(st.sampled_from(sorted(valid)))
+    assume(not (arg == "max_new_tokens" and isinstance(bad, int) and bad > 100))  # valid, but a huge law
+    assume(not (arg in ("n", "max_paths") and isinstance(bad, int) and bad > 10**6))  # valid, but long
+    args = dict(valid)
+    args[arg] = bad
+    positional = [args.pop(k) for k in list(args) if k in ("step_fn", "program")]
+    out = outcome(lambda: fn(*positional, **args), arg)
+    if out is not None:
+        no_nan(out if isinstance(out, np.ndarray) else np.asarray(getattr(out, "frequencies", 0.0), dtype=float))

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specref.core.errors import SpecrefError, check_positive_int, check_tokens
+from specref.core.errors import SpecrefError, SpecrefTypeError, check_positive_int, check_tokens
 from specref.core.numbers import same_kind
 from specref.core.sampling import SamplingConfig, process, process_probs
 from specref.core.step import check_rng, draw, speculative_step
@@ -77,6 +77,9 @@ def model_rows(model, tokens, n_rows: int, config: SamplingConfig, *, name: str 
     """
     tokens = list(tokens)
     exact = hasattr(model, "probs")
+    if not exact and not callable(model):
+        raise SpecrefTypeError(f"{name} must be a model: callable model(tokens) -> logits, or with "
+                               f"probs(tokens); got {type(model).__name__}")
     try:
         rows = model.probs(tokens) if exact else model(tokens)
     except Exception as e:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable, Hashable, Mapping
@@ -39,7 +40,7 @@ from typing import Any, Callable, Hashable, Mapping
 import numpy as np
 
 from specref.core.backend import to_numpy
-from specref.core.errors import FLOAT_ROW_TOL, SpecrefError, check_positive_int, check_tokens
+from specref.core.errors import FLOAT_ROW_TOL, SpecrefError, SpecrefTypeError, check_positive_int, check_tokens
 from specref.decoding.chain import next_token_probs  # the query the decoders make; exact sits above decode
 
 __all__ = [
@@ -503,6 +504,8 @@ def law(program: Callable[[Any], Hashable], *, max_paths: int = DEFAULT_MAX_PATH
     max_paths = check_positive_int("max_paths", max_paths)
     if grid is not None:
         grid = check_positive_int("grid", grid)
+    if not callable(program):
+        raise SpecrefTypeError(f"program must be a callable program(rng) -> output, got {_show(program)}")
     probs: dict = {}
     paths = _enumerate(program, lambda output, w: _add(probs, output, w), max_paths, grid=grid)
     return Law(probs, paths=paths, states=1)
@@ -646,7 +649,7 @@ def target_law(model, prompt, config, max_new_tokens: int, stop_tokens=(), *,
     """
     max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens, minimum=0)
     max_paths = check_positive_int("max_paths", max_paths)
-    prompt = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
+    prompt = check_tokens("prompt", prompt, sys.maxsize)  # ids checked against V below
     if not prompt:
         raise SpecrefError("prompt must hold at least one token (models condition on it), got []")
     first = next_token_probs(model, prompt, config, name="model")  # [V]; also fixes V for the checks

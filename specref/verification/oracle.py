@@ -44,7 +44,7 @@ from functools import partial
 
 import numpy as np
 
-from specref.core.errors import SpecrefError, check_positive_int
+from specref.core.errors import SpecrefError, SpecrefTypeError, check_positive_int
 from specref.core.sampling import SamplingConfig
 from specref.core.step import draw
 from specref.decoding.chain import next_token_probs
@@ -95,12 +95,15 @@ def check(level: str, fn, *, cases=None, settings: Settings | None = None, rules
     settings = replace(settings or Settings(), **fields_)
     spec = LEVELS[level]
     if not callable(fn):
-        raise SpecrefError(f"the implementation must be callable, got {fn!r}")
+        raise SpecrefTypeError(f"the implementation ({spec.signature.split('(')[0]}) must be callable, got {fn!r:.80}")
     if rules is not None:
         fn = declare_rules(fn, rules)
     if rules_of(fn) is not None and level not in ("logits", "decoder"):
         raise SpecrefError(f"rules apply at the logits and decoder levels, not {level!r}")
-    cases = spec.cases() if cases is None else list(cases)
+    try:
+        cases = spec.cases() if cases is None else list(cases)
+    except TypeError:
+        raise SpecrefTypeError(f"cases must be an iterable of Case objects, got {cases!r:.80}") from None
     if not cases:
         raise SpecrefError(f"cases is empty: a check on no case proves nothing (level {level!r})")
     if settings.mode == "statistical":

@@ -48,7 +48,7 @@ class Settings:
     shard_store: object = field(default=None, compare=False)  # statistical mode: a dict keeping finished shards (sweeps resume from it)
 
     def __post_init__(self):
-        if self.mode not in ("exact", "statistical"):
+        if not isinstance(self.mode, str) or self.mode not in ("exact", "statistical"):
             raise SpecrefError(f"mode must be 'exact' or 'statistical', got {self.mode!r}")
         if self.samples is not None:
             check_positive_int("samples", self.samples)

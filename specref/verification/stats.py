@@ -344,7 +344,7 @@ def samples_needed(
     while _power(hi, tv, alpha, k, m, null) < power:
         hi *= 2
         if hi > 2**48:
-            raise SpecrefError(f"no sample size reaches power {power} for tv={tv} with these outcomes")
+            raise SpecrefError(f"no sample size reaches power {power} for tv={tv} with n_outcomes={k}")
     lo = hi // 2  # power(lo) < target (or lo == 0)
     while hi - lo > 1:
         mid = (lo + hi) // 2
