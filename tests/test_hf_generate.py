@@ -117,3 +117,15 @@ def test_the_assistant_applies_every_warper_twice_in_this_transformers():
     if transformers.__version__.startswith("5.24"):
         assert names == ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"] * 2
     assert names.count("TemperatureLogitsWarper") >= 1
+
+
+def test_hf_generate_travels_to_a_worker_and_is_seeded():
+    import pickle
+
+    case = CASES["hf-temperature"]
+    target, draft = case.models()
+    impl = HFGenerate()
+    kwargs = dict(k=case.k, config=case.config, max_new_tokens=case.max_new_tokens, stop_tokens=(), rng=11)
+    first = impl(target, draft, list(case.prompt), **kwargs)
+    copy = pickle.loads(pickle.dumps(impl))  # what a process-pool shard receives: settings, no built models
+    assert copy.assisted and copy._models == {} and copy(target, draft, list(case.prompt), **kwargs) == first

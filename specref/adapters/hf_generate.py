@@ -141,6 +141,10 @@ class HFGenerate:
         self.target_calls.append(len(t.calls))
         return out[0, len(prompt):].tolist()
 
+    def __getstate__(self):  # to a shard's worker process: the settings travel, the built models do not
+        return {"assisted": self.assisted, "last_target_calls": None, "target_calls": [], "_models": {},
+                "__name__": self.__name__}
+
     def _model(self, model, settings):
         """One HF model per (table, settings), built once: the oracle hands fresh copies every call."""
         table = getattr(model, "table", None)
