@@ -25,6 +25,8 @@ def test_reference_iterations_is_an_exact_law():
     assert same == {1: Fraction(1)}
     law = reference_iterations(by_name["worked-example-rows"])
     assert sum(law.values()) == 1 and set(law) <= {1, 2, 3}
+    for name in ("worked-example-rows", "stop-token", "trigram"):  # two routes, one law, exactly
+        assert reference_iterations(by_name[name]) == reference_iterations(by_name[name], memoise=False)
 
 
 def test_the_reference_measured_is_as_efficient_and_one_more_call_is_wasteful():

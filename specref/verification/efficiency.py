@@ -22,29 +22,46 @@ import numpy as np
 from scipy.stats import norm
 
 from specref.core.errors import SpecrefError
-from specref.decoding.chain import speculative_decode
-from specref.verification.laws import law
+from specref.decoding.chain import speculative_decode, speculative_transition
+from specref.verification.laws import law, law_iterated
 from specref.verification.rules import ruled
 
 __all__ = ["reference_iterations", "Efficiency", "efficiency"]
 
+_MARK = -1  # ends each iteration's block in the memoised enumeration: never a token
 
-def reference_iterations(case, *, rules=None, draft_rules=None):
+
+def reference_iterations(case, *, rules=None, draft_rules=None, memoise: bool = True):
     """The exact law of the reference's number of target calls on ``case``: ``{iterations: probability}``.
 
     ``rules``: the implementation's declared rules (:mod:`specref.verification.rules`),
     used for the target and, unless ``draft_rules`` is given, for the draft.
+    ``memoise=True`` enumerates one iteration at a time
+    (:func:`specref.verification.laws.law_iterated` over
+    :func:`specref.decoding.chain.speculative_transition`, each iteration's block marked
+    with a ``-1`` that is counted afterwards); ``memoise=False`` enumerates whole runs of
+    :func:`~specref.decoding.chain.speculative_decode` -- the independent route, for K <= 2.
     """
     target, draft = case.models()
     t, config = ruled(target, case.config, rules)
     d, _ = ruled(draft, case.config, draft_rules if draft_rules is not None else rules)
+    settings = dict(k=case.k, config=config, max_new_tokens=case.max_new_tokens, stop_tokens=case.stop_tokens)
+    dist: dict = {}
+    if memoise:
+        step = speculative_transition(t, d, list(case.prompt), **settings)
 
-    def program(rng):
-        return speculative_decode(t, d, list(case.prompt), k=case.k, config=config,
-                                  max_new_tokens=case.max_new_tokens, stop_tokens=case.stop_tokens,
-                                  rng=rng).iterations
+        def marked(state, rng):  # one target call: its block, then a marker
+            block, nxt = step(state, rng)
+            return tuple(block) + (_MARK,), nxt
 
-    return {n: w for (n,), w in ((k if isinstance(k, tuple) else (k,), w) for k, w in law(program).items())}
+        for out, w in law_iterated((), marked).items():
+            n = sum(1 for x in out if x == _MARK)
+            dist[n] = dist.get(n, 0) + w
+        return dist
+    for out, w in law(lambda rng: speculative_decode(t, d, list(case.prompt), rng=rng, **settings).iterations).items():
+        n = out[0] if isinstance(out, tuple) else out
+        dist[n] = dist.get(n, 0) + w
+    return dist
 
 
 def _mean(dist):
