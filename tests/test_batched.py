@@ -337,3 +337,11 @@ def test_torch_arrays_in_statistical_mode():
     report = check("batched", step, cases=[replace(case, device="cpu")], mode="statistical", samples=20_000)
     assert report.ok and seen and seen[0] is torch.Tensor
     assert replace(case, array="numpy").array == "numpy"
+
+
+def test_one_row_calls_leave_the_row_pair_statistics_untested_not_broken():
+    rng = np.random.default_rng(9)
+    case = BatchedCase("one-row", rng.dirichlet(np.ones(4), size=(1, 3)), rng.dirichlet(np.ones(4), size=(1, 2)),
+                       memory_budget=1)  # one copy of the one row per call: no row pairs at all
+    report = check("batched", reference_step, cases=[case], mode="statistical", samples=300)
+    assert report.ok and report.results[0].n_samples == 300, str(report)
