@@ -42,6 +42,7 @@ from specref.core.sampling import GREEDY, SamplingConfig
 from specref.core.step import acceptance_rate, accepted_mass, residual, residual_mass
 from specref.decoding.chain import speculative_transition
 from specref.verification.laws import compare, law_iterated, target_law
+import specref.adapters.engines  # noqa: E402,F401  registers the "vllm" and "flashinfer" levels
 from specref.verification.oracle import LEVELS
 
 FLOAT_TOL = 1e-12  # a correct float scenario: TV <= this
