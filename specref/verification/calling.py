@@ -295,10 +295,14 @@ def _here(body, case_time_limit):
 
 
 def _enumeration_status(e: SpecrefError) -> str:
+    """A SpecrefError outside a call: the enumeration's budget, a program that is not replayable
+    (randomness from elsewhere than the rng handed over), or the oracle's own (INTERNAL)."""
     text = str(e)
     if "max_paths" in text:
         return BUDGET
-    return RNG_MISUSE
+    if "random calls" in text or "lazy uniform" in text or "enumerating generator" in text:
+        return RNG_MISUSE
+    return INTERNAL
 
 
 def _in_worker(body, time_limit, case_time_limit):
