@@ -275,3 +275,15 @@ def test_cli_sweep_and_unreachable_scheduler(tmp_path):
     bad = run_cli("--sweep", str(sweep), "--scheduler", "tcp://127.0.0.1:9")
     assert bad.returncode == 2 and "cannot reach the Dask scheduler" in bad.stderr
     assert time.perf_counter() - t0 < 60
+
+
+def test_the_tree_level_shards_the_same_way():
+    from specref.core.tree_verify import pointmass_verify
+    from specref.verification.trees import check_tree, tree_cases
+
+    cases = tree_cases("topk")[:2]
+    alone = check_tree(pointmass_verify, cases=cases, mode="statistical", samples=3000, seed=4)
+    with local_pool(2) as pool:
+        pooled = check_tree(pointmass_verify, cases=cases, mode="statistical", samples=3000, seed=4,
+                            executor=pool, shard_blocks=1)
+    assert numbers(pooled) == numbers(alone) and all(r.status == "ok" for r in alone.results)

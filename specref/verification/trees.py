@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from functools import partial
 
 import numpy as np
 
@@ -44,8 +45,10 @@ from specref.decoding.chain import next_token_probs
 from specref.decoding.tree import SCHEMES, draft_tree, tree_rows
 from specref.verification.calling import Misbehaved, call
 from specref.verification.laws import DEFAULT_MAX_PATHS, compare, law, target_law
+from specref.verification.progress import progress_bar
 from specref.verification.levels import Level, register
 from specref.verification.report import DIFFERS, INVALID, OK, CaseResult, Report
+from specref.verification.shards import tally
 from specref.verification.stats import compare_counts, samples_needed
 from specref.verification.tables import ProbTable
 
@@ -159,7 +162,7 @@ def _run(spec, fn, cases, settings):
             if settings.mode == "exact":
                 report.results.append(_exact(case, program, expected, settings))
             else:
-                report.results.append(_statistical(case, program, expected, settings, settings.seed + i))
+                report.results.append(_statistical(case, run_case, fn, expected, settings, settings.seed + i))
         except Misbehaved as m:
             report.results.append(CaseResult(case, m.status, detail=m.detail))
     return report
@@ -174,16 +177,24 @@ def _exact(case, program, expected, settings):
     return CaseResult(case, status, tv=c.tv, detail=detail)
 
 
-def _statistical(case, program, expected, settings, seed):
+def _statistical_program(fn, case, time_limit):
+    """The case's program, built where a shard runs; the implementation gets the oracle's generator."""
+    program, _ = tree_program(fn, case, time_limit)
+    return lambda rng, impl_seed: program(rng, rng)
+
+
+def _statistical(case, run_case, fn, expected, settings, seed):
+    """N blocks in shards (:mod:`specref.verification.shards`: any executor, same numbers), then a G-test."""
     outcomes = sorted(expected)
-    index = {o: i for i, o in enumerate(outcomes)}
     null = np.array([float(expected[o]) for o in outcomes] + [0.0])  # last bin: outputs the target never makes
     n = settings.samples or samples_needed(settings.detect_tv, settings.alpha, 0.9, len(null), null=null)
-    gen = np.random.default_rng(seed)
-    counts = np.zeros(len(null), dtype=np.int64)
-    for _ in range(n):
-        counts[index.get(program(gen, gen), len(outcomes))] += 1
-    result = compare_counts(counts, null, alpha=settings.alpha)
+    recipe = partial(_statistical_program, fn, run_case, settings.time_limit)
+    with progress_bar(n, case.name, enabled=settings.progress) as bar:
+        t = tally(recipe, outcomes, n, seed, executor=settings.executor, shard_blocks=settings.shard_blocks,
+                  progress=bar, store=settings.shard_store)
+    if t.misbehaved:
+        return CaseResult(case, t.misbehaved[1], detail=t.misbehaved[2])
+    result = compare_counts(t.counts, null, alpha=settings.alpha)
     est = result.tv
     return CaseResult(case, DIFFERS if result.rejected else OK, tv=est.estimate, detail=f"{result.g}",
                       n_samples=n, p_value=result.g.p_value, tv_interval=(est.lower, est.upper))
