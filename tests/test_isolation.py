@@ -386,3 +386,14 @@ def test_check_raises_only_for_bad_arguments():
         check("step", 3)
     with pytest.raises(SpecrefError, match="level"):
         check("nope", speculative_step)
+
+
+def test_an_internal_error_is_a_status_and_the_cli_exits_2(impls, monkeypatch):
+    def broken_compare(*args, **kwargs):
+        raise RuntimeError("the oracle's own bug")
+
+    monkeypatch.setattr("specref.verification.oracle.compare", broken_compare)
+    report = check_step(speculative_step, cases=ONE)
+    assert report.results[0].status == "internal error" and "own bug" in report.results[0].detail
+    got, text = main("--impl", "specref.core.step:speculative_step", "--no-isolate")
+    assert got == 2 and "internal error" in text
