@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tasks", type=int, default=200)
-    ap.add_argument("--shard-blocks", type=int, default=16)
+    ap.add_argument("--shard-blocks", type=int, default=4)
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     for name in ("samples", "repeats", "tasks", "shard_blocks"):

@@ -46,6 +46,7 @@ import hashlib
 import math
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from fractions import Fraction
 
 import numpy as np
@@ -53,7 +54,7 @@ import numpy as np
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
 from specref.decoding.batched import PLACEHOLDER, batched_draft_and_verify, batched_step
-from specref.verification.calling import Misbehaved, call
+from specref.verification.calling import Misbehaved, call, run_case
 from specref.verification.laws import compare, law
 from specref.verification.levels import Level, register
 from specref.verification.report import DIFFERS, INVALID, OK, CaseResult, Report, Settings
@@ -629,9 +630,12 @@ def run_batched(level: Level, fn, cases, settings: Settings) -> Report:
         if settings.mode == "exact":
             if not case.exact:
                 raise SpecrefError(f"case {case.name!r}: exact mode needs Fraction rows (object arrays)")
-            report.results.append(_exact_case(level.name, fn, case, settings))
+            body = partial(_exact_case, level.name, fn, case, settings)
         else:
-            report.results.append(_statistical_case(level.name, fn, case, settings, settings.seed + i))
+            body = partial(_statistical_case, level.name, fn, case, settings, settings.seed + i)
+        # every misbehaviour, isolated or not, becomes a status of this case (specref.verification.calling)
+        report.results.append(run_case(body, case, isolate=settings.isolate, time_limit=settings.time_limit,
+                                       case_time_limit=settings.case_time_limit))
     return report
 
 

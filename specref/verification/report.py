@@ -43,7 +43,7 @@ class Settings:
     case_time_limit: float = 300.0  # seconds per case (every call and the enumeration or sampling)
     max_paths: int = 10**6  # exact mode: enumerated paths per case (the target law's prefixes too)
     executor: object = field(default=None, compare=False)  # statistical mode: a concurrent.futures.Executor for the shards
-    shard_blocks: int = 32  # statistical mode: blocks of 1024 samples per shard (the verdict does not depend on it)
+    shard_blocks: int = 4  # statistical mode: blocks of 1024 samples per shard (the verdict does not depend on it)
     progress: bool = True  # statistical mode: a progress bar on a terminal for runs over 2 s
     shard_store: object = field(default=None, compare=False)  # statistical mode: a dict keeping finished shards (sweeps resume from it)
 

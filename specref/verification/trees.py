@@ -44,6 +44,7 @@ from specref.core.tree import to_sglang
 from specref.decoding.chain import next_token_probs
 from specref.decoding.tree import SCHEMES, draft_tree, tree_rows
 from specref.verification.calling import Misbehaved, call
+from specref.verification.calling import run_case as guarded_case
 from specref.verification.laws import DEFAULT_MAX_PATHS, compare, law, target_law
 from specref.verification.progress import progress_bar
 from specref.verification.levels import Level, register
@@ -158,13 +159,13 @@ def _run(spec, fn, cases, settings):
     for i, case in enumerate(cases):
         run_case = case if settings.mode == "exact" else case.as_float()
         program, expected = tree_program(fn, run_case, settings.time_limit)
-        try:
-            if settings.mode == "exact":
-                report.results.append(_exact(case, program, expected, settings))
-            else:
-                report.results.append(_statistical(case, run_case, fn, expected, settings, settings.seed + i))
-        except Misbehaved as m:
-            report.results.append(CaseResult(case, m.status, detail=m.detail))
+        if settings.mode == "exact":
+            body = partial(_exact, case, program, expected, settings)
+        else:
+            body = partial(_statistical, case, run_case, fn, expected, settings, settings.seed + i)
+        # every misbehaviour, isolated or not, becomes a status of this case (specref.verification.calling)
+        report.results.append(guarded_case(body, case, isolate=settings.isolate and settings.executor is None,
+                                           time_limit=settings.time_limit, case_time_limit=settings.case_time_limit))
     return report
 
 
