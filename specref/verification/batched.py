@@ -57,7 +57,7 @@ from specref.decoding.batched import PLACEHOLDER, batched_draft_and_verify, batc
 from specref.verification.calling import Misbehaved, call, run_case
 from specref.verification.laws import compare, law
 from specref.verification.levels import Level, register
-from specref.verification.report import DIFFERS, INVALID, OK, CaseResult, Report, Settings
+from specref.verification.report import DIFFERS, INVALID, OK, CaseResult, Report, Settings, law_verdict
 from specref.verification.stats import compare_counts, planned_power, samples_needed
 
 __all__ = [
@@ -323,11 +323,7 @@ def _exact_case(level, fn, case, settings):
     for b in range(B):  # rows independent: the product of the rows' laws
         rl = row_law(case, b, with_drafts=with_drafts) if case.grid is None else _grid_row_law(case, b, with_drafts)
         expected = {key + (o,): w * v for key, w in expected.items() for o, v in rl.items()}
-    c = compare(got, expected)
-    status = OK if c.tv <= settings.tolerance else DIFFERS
-    detail = "" if status == OK else "worst outputs (rows, got, expected): " + ", ".join(
-        f"{o}: {float(a):.4g} vs {float(e):.4g}" for o, a, e in c.worst[:2])
-    return CaseResult(case, status, tv=c.tv, detail=detail)
+    return law_verdict(case, compare(got, expected), settings.tolerance, label="rows, got, expected", top=2)
 
 
 def _grid_row_law(case, b, with_drafts):

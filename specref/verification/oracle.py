@@ -54,7 +54,7 @@ from specref.verification.progress import progress_bar
 from specref.verification.cases import Case, default_cases, fixed_cases, strategy_cases
 from specref.verification.laws import compare, law, target_law
 from specref.verification.levels import LEVELS, Level, register
-from specref.verification.report import DIFFERS, INTERNAL, OK, CaseResult, Report, Settings
+from specref.verification.report import DIFFERS, INTERNAL, OK, CaseResult, Report, Settings, law_verdict
 from specref.verification.rules import RulesReport, declare_rules, ruled, rules_of
 from specref.verification.shards import check_travel, tally
 from specref.verification.stats import compare_counts, samples_needed
@@ -273,12 +273,7 @@ def _step_program(fn, case, time_limit, *, logits=False):
 def _exact(case, program, expected, tolerance, max_paths):
     """One case enumerated; misbehaviour propagates as Misbehaved (calling.run_case makes it a status)."""
     got = law(lambda rng: program(rng, rng), max_paths=max_paths)
-    c = compare(got, expected)
-    status = OK if c.tv <= tolerance else DIFFERS
-    detail = "" if status == OK else "worst outputs (output, got, target): " + ", ".join(
-        f"{o}: {float(a):.4g} vs {float(b):.4g}" for o, a, b in c.worst[:3]
-    )
-    return CaseResult(case, status, tv=c.tv, detail=detail)
+    return law_verdict(case, compare(got, expected), tolerance)
 
 
 def _program_of(level, fn, case, time_limit):

@@ -11,7 +11,7 @@ from fractions import Fraction
 
 from specref.core.errors import SpecrefError, check_positive_int
 
-__all__ = ["Settings", "CaseResult", "Report", "OK", "DIFFERS", "RAISED", "INVALID", "TIMEOUT", "ARITHMETIC",
+__all__ = ["Settings", "CaseResult", "Report", "law_verdict", "OK", "DIFFERS", "RAISED", "INVALID", "TIMEOUT", "ARITHMETIC",
            "CRASHED", "BUDGET", "RNG_MISUSE", "INTERNAL", "MAX_TOLERANCE", "TABLE_DETAIL"]
 
 OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
@@ -153,3 +153,12 @@ class Report:
         if self.counterexample is not None:
             text += f"\ncounterexample: {self.counterexample!r}"
         return text
+
+
+def law_verdict(case, comparison, tolerance, *, label: str = "output, got, target", top: int = 3) -> CaseResult:
+    """The verdict of an exact comparison (:func:`specref.verification.laws.compare`):
+    ``differs`` when its TV exceeds ``tolerance``, with the outputs that differ most."""
+    status = OK if comparison.tv <= tolerance else DIFFERS
+    detail = "" if status == OK else f"worst outputs ({label}): " + ", ".join(
+        f"{o}: {float(a):.4g} vs {float(b):.4g}" for o, a, b in comparison.worst[:top])
+    return CaseResult(case, status, tv=comparison.tv, detail=detail)

@@ -48,7 +48,7 @@ from specref.verification.calling import run_case as guarded_case
 from specref.verification.laws import DEFAULT_MAX_PATHS, compare, law, target_law
 from specref.verification.progress import progress_bar
 from specref.verification.levels import Level, register
-from specref.verification.report import DIFFERS, INVALID, OK, CaseResult, Report
+from specref.verification.report import DIFFERS, INVALID, OK, CaseResult, Report, law_verdict
 from specref.verification.shards import tally
 from specref.verification.stats import compare_counts, samples_needed
 from specref.verification.tables import ProbTable
@@ -171,11 +171,7 @@ def _run(spec, fn, cases, settings):
 
 def _exact(case, program, expected, settings):
     got = law(lambda rng: program(rng, rng), max_paths=getattr(settings, "max_paths", None) or DEFAULT_MAX_PATHS)
-    c = compare(got, expected)
-    status = OK if c.tv <= settings.tolerance else DIFFERS
-    detail = "" if status == OK else "worst outputs (output, got, target): " + ", ".join(
-        f"{o}: {float(a):.4g} vs {float(b):.4g}" for o, a, b in c.worst[:3])
-    return CaseResult(case, status, tv=c.tv, detail=detail)
+    return law_verdict(case, compare(got, expected), settings.tolerance)
 
 
 def _statistical_program(fn, case, time_limit):
