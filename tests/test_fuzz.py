@@ -293,8 +293,11 @@ def _rng_normal(p, q, x, r):
     return [int(abs(_gen(r).normal()) > 100)]
 
 
+_OWN = np.random.default_rng(11)  # seeded for a deterministic test; still not the oracle's rng
+
+
 def _own_rng(p, q, x, r):
-    return speculative_step(p, q, x, np.random.default_rng())
+    return speculative_step(p, q, x, _OWN)
 
 
 def _global_rng(p, q, x, r):
