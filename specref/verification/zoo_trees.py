@@ -88,20 +88,28 @@ def residual_not_updated(tree, p_target, q_draft, rng):
             return path, draw(rng, positive_residual(p, q) if kids else p)
 
 
-def no_renormalisation(tree, p_target, q_draft, rng):
-    """Point mass; a rejected sibling is zeroed but p~ is not renormalised before the next trial."""
+def _pointmass_loop(tree, p_target, rng, *, row=lambda node: node, renormalise=True):
+    """Point-mass tree verification with the row a node is judged by and the renormalisation
+    after a rejected sibling as parameters; each entry below changes one of them (its bug)."""
     path, node = [], ROOT
     while True:
-        p = p_target[node].copy()
+        p = p_target[row(node)].copy()
         for c in tree.children(node):
             x = tree.tokens[c]
             if rng.random() < p[x]:
                 path.append(c)
                 node = c
                 break
-            p[x] = 0  # BUG: no p / p.sum() here
+            p[x] = 0
+            if renormalise:
+                p = p / p.sum()
         else:
             return path, draw(rng, p / p.sum())
+
+
+def no_renormalisation(tree, p_target, q_draft, rng):
+    """Point mass; a rejected sibling is zeroed but p~ is not renormalised before the next trial."""
+    return _pointmass_loop(tree, p_target, rng, renormalise=False)  # BUG: no p / p.sum() between trials
 
 
 def children_after_coins(tree, p_target, q_draft, rng):
@@ -136,19 +144,7 @@ def _dirty_kernel(candidates, first, sibling, coins, final, p):
 def node_row_off_by_one(tree, p_target, q_draft, rng):
     """Point mass with node ``c``'s children judged against row ``c + 1`` (the wrong logits slice)."""
     last = tree.size - 1
-    path, node = [], ROOT
-    while True:
-        p = p_target[min(node + 1, last)].copy()  # BUG: row c + 1
-        for c in tree.children(node):
-            x = tree.tokens[c]
-            if rng.random() < p[x]:
-                path.append(c)
-                node = c
-                break
-            p[x] = 0
-            p = p / p.sum()
-        else:
-            return path, draw(rng, p)
+    return _pointmass_loop(tree, p_target, rng, row=lambda node: min(node + 1, last))  # BUG: row c + 1
 
 
 REORDER_CONFIG = SamplingConfig(top_k=3, top_p=Fraction(4, 5))
