@@ -31,6 +31,7 @@ import numpy as np
 
 from specref.core.errors import SpecrefError, check_positive_int
 from specref.verification.calling import Misbehaved, case_budget, case_time_left
+from specref.verification.report import TIMEOUT
 
 __all__ = ["BLOCK", "Tally", "block_rng", "tally", "tally_blocks", "shard_key", "check_executor", "check_travel", "WORKER_FAILED"]
 
@@ -51,14 +52,16 @@ class Tally:
     strays: dict = field(default_factory=dict)  # output -> count, for outputs outside the target's support
     samples: int = 0  # samples counted
     misbehaved: tuple | None = None  # (sample index, status, detail) of the first misbehaviour
+    seconds: dict = field(default_factory=dict, compare=False)  # name -> seconds spent; measured, so not kept in JSON
 
     def merge(self, other: "Tally") -> "Tally":
         strays = dict(self.strays)
         for out, c in other.strays.items():
             strays[out] = strays.get(out, 0) + c
         bad = [m for m in (self.misbehaved, other.misbehaved) if m is not None]
+        seconds = {k: self.seconds.get(k, 0.0) + other.seconds.get(k, 0.0) for k in {**self.seconds, **other.seconds}}
         return Tally(self.counts + other.counts, strays, self.samples + other.samples,
-                     min(bad, key=lambda m: m[0]) if bad else None)
+                     min(bad, key=lambda m: m[0]) if bad else None, seconds)
 
     def to_json(self) -> dict:
         return {"counts": [int(c) for c in self.counts], "samples": self.samples,
@@ -135,13 +138,16 @@ def check_travel(executor, obj) -> None:
 
 
 def tally(make_program: Callable, outcomes, n: int, seed: int, *, executor=None, shard_blocks: int = 32,
-          progress: Callable[[int], None] | None = None, store=None) -> Tally:
+          progress: Callable[[int], None] | None = None, store=None, run_blocks: Callable = tally_blocks) -> Tally:
     """Counts of ``n`` samples of ``make_program()``, in shards of ``shard_blocks`` blocks.
 
     ``progress(k)`` is called with the number of samples each finished shard counted.
     Without ``executor`` the shards run here, one after another, through the same code.
     ``store`` (a mutable mapping, for example a sweep's JSON record) keeps each finished
     shard under :func:`shard_key`; shards found there are not run again.
+    ``run_blocks`` counts one shard where it runs, with :func:`tally_blocks`'s signature and
+    a tally of ``len(outcomes) + 1`` bins; a level that draws many samples per call
+    (the batched levels) passes its own, which draws block ``j`` from :func:`block_rng`.
     """
     n = check_positive_int("n", n)
     shard_blocks = check_positive_int("shard_blocks", shard_blocks)
@@ -166,7 +172,7 @@ def tally(make_program: Callable, outcomes, n: int, seed: int, *, executor=None,
 
     if executor is None:
         for a, b in shards:
-            part = tally_blocks(make_program, outcomes, seed, a, b, n)
+            part = run_blocks(make_program, outcomes, seed, a, b, n, case_time_left())  # the case's budget, here too
             keep(a, b, part)
             total = total.merge(part)
             if progress:
@@ -175,24 +181,32 @@ def tally(make_program: Callable, outcomes, n: int, seed: int, *, executor=None,
                 break
         return total
     try:
-        futures = {executor.submit(tally_blocks, make_program, outcomes, seed, a, b, n, case_time_left()): (a, b)
+        futures = {executor.submit(run_blocks, make_program, outcomes, seed, a, b, n, case_time_left()): (a, b)
                    for a, b in shards}
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         raise SpecrefError(f"executor cannot send the implementation or case to a worker ({type(e).__name__}: {e}); "
                            f"use a module-level function, or a Dask client's executor") from None
-    for future in cf.as_completed(futures):
-        a, b = futures[future]
-        try:
-            part = future.result()
-        except (pickle.PicklingError, TypeError, AttributeError) as e:
-            raise SpecrefError(f"executor cannot send the implementation or case to a worker "
-                               f"({type(e).__name__}: {e}); use a module-level function, or a Dask client's executor"
-                               ) from None
-        except Exception as e:  # the worker died (BrokenProcessPool, KilledWorker) or was lost
-            part = Tally(np.zeros(len(outcomes) + 1, dtype=np.int64),
-                         misbehaved=(a * BLOCK, WORKER_FAILED, f"shard of blocks {a}..{b - 1}: {type(e).__name__}: {e}"))
-        keep(a, b, part)
-        total = total.merge(part)
-        if progress:
-            progress(part.samples)
+    pending, left = dict(futures), case_time_left()
+    try:  # the case's budget holds here as in a local run: shards still out when it ends are a time-out
+        for future in cf.as_completed(futures, timeout=None if math.isinf(left) else max(left, 0.0)):
+            a, b = pending.pop(future)
+            try:
+                part = future.result()
+            except (pickle.PicklingError, TypeError, AttributeError) as e:
+                raise SpecrefError(f"executor cannot send the implementation or case to a worker "
+                                   f"({type(e).__name__}: {e}); use a module-level function, or a Dask client's "
+                                   f"executor") from None
+            except Exception as e:  # the worker died (BrokenProcessPool, KilledWorker) or was lost
+                part = Tally(np.zeros(len(outcomes) + 1, dtype=np.int64), misbehaved=(
+                    a * BLOCK, WORKER_FAILED, f"shard of blocks {a}..{b - 1}: {type(e).__name__}: {e}"))
+            keep(a, b, part)
+            total = total.merge(part)
+            if progress:
+                progress(part.samples)
+    except cf.TimeoutError:
+        for future in pending:
+            future.cancel()
+        first = min(a for a, _ in pending.values())
+        total = total.merge(Tally(np.zeros(len(outcomes) + 1, dtype=np.int64), misbehaved=(
+            first * BLOCK, TIMEOUT, "the case ran over its time budget (case_time_limit)")))
     return total
