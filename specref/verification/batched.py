@@ -25,8 +25,11 @@ Modes:
   product of the rows' closed forms.  ``BatchedCase.grid = 24`` puts the coins on the float32 grid,
   so an inclusive ``u <= t`` test is an exact, nonzero TV.
 - statistical: ``seed`` is an int; one call yields B samples.  The case's rows are tiled into
-  calls of at most ``memory_budget`` bytes, handed over as float32 NumPy or torch arrays
-  (``BatchedCase.array``), and the outputs are reduced to low-dimensional statistics whose exact
+  calls of at most ``memory_budget`` bytes and at most one block of
+  :data:`specref.verification.shards.BLOCK` copies, handed over as float32 NumPy or torch arrays
+  (``BatchedCase.array``).  Block ``j`` draws from its own ``SeedSequence`` child and blocks run in
+  shards on any executor (``Settings.executor``), so a verdict and its numbers do not depend on the
+  worker count or the shard size; the outputs are reduced to low-dimensional statistics whose exact
   laws are computed per case (:func:`statistics_nulls`): the accepted length; length x final-token
   bucket; rejected draft x residual draw (batched level); the emitted token per position bucketed
   by target-probability quantiles; seeded random hash buckets of (position, token); and the
@@ -54,10 +57,12 @@ import numpy as np
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
 from specref.decoding.batched import PLACEHOLDER, batched_draft_and_verify, batched_step
-from specref.verification.calling import Misbehaved, call, run_case
+from specref.verification.calling import Misbehaved, call, case_budget, run_case
 from specref.verification.laws import compare, law
 from specref.verification.levels import Level, register
+from specref.verification.progress import progress_bar
 from specref.verification.report import DIFFERS, INVALID, OK, CaseResult, Report, Settings, law_verdict
+from specref.verification.shards import BLOCK, Tally, block_rng, tally
 from specref.verification.stats import compare_counts, planned_power, samples_needed
 
 __all__ = [
@@ -500,9 +505,10 @@ def _as_array(a, kind, dtype, device=None):
 
 
 def _statistical_case(level, fn, case, settings, seed):
+    """N batch draws in shards (:mod:`specref.verification.shards`: any executor, same numbers),
+    each statistic's counts merged exactly, then G-tests at ``alpha / m`` (SPEC §6)."""
+    started = time.perf_counter()
     f = case.as_float()
-    B, K1, V = f.shape
-    K, k = K1 - 1, f.k
     stats = statistics_nulls(f, level, salt=seed)
     m = len(stats)
     level_alpha = settings.alpha / m
@@ -512,44 +518,16 @@ def _statistical_case(level, fn, case, settings, seed):
         n_rows = max(samples_needed(settings.detect_tv, level_alpha, 0.9, max(2, len(s.null)), null=_plan_null(s.null))
                      for s in stats if (s.null > 0).sum() >= 2)
         n_rows = min(n_rows, MAX_SAMPLES)
-    bytes_per_copy = B * (2 * K + 1) * V * np.dtype(case.dtype).itemsize
-    copies = int(max(1, min(math.ceil(n_rows / 1), case.memory_budget // max(bytes_per_copy, 1))))
-    copies = min(copies, n_rows)
-    calls = math.ceil(n_rows / copies)
-    rows = B * copies
-    p_in = _as_array(np.tile(f.p_target, (copies, 1, 1)), case.array, case.dtype, case.device)
-    q_in = _as_array(None if f.q_draft is None else np.tile(f.q_draft, (copies, 1, 1)), case.array, case.dtype,
-                     case.device)
-    k_rows = np.tile(k, copies)
-    draft_cdf = None
-    if level == "batched":
-        draft_cdf = np.cumsum(f.drafts_from, axis=2)  # [B, K, V]
-        draft_cdf = draft_cdf / draft_cdf[:, :, -1:]
-    gen = np.random.default_rng(seed)
-    counts = [np.zeros(len(s.null), dtype=np.int64) for s in stats]
-    fn_time = 0.0
-    started = time.perf_counter()
-    try:
-        for _ in range(calls):
-            call_seed = int(gen.integers(2 ** 63))
-            if level == "batched":
-                x = np.full((rows, K), PLACEHOLDER, dtype=np.int64)
-                u = gen.random((copies, B, K))
-                for b in range(B):
-                    for i in range(int(k[b])):
-                        x[b::B, i] = np.minimum(np.searchsorted(draft_cdf[b, i], u[:, b, i], side="right"), V - 1)
-                x_in = x if case.array == "numpy" else _as_array(x, "torch", np.int64, case.device)
-                args = (p_in, q_in, x_in, call_seed)
-            else:
-                x = None
-                args = (p_in, q_in, call_seed)
-            t0 = time.perf_counter()
-            out = call(fn, args, {}, settings.time_limit)
-            fn_time += time.perf_counter() - t0
-            tokens, n = parse_output(out, rows, K, V, k_rows, x)
-            _count(stats, counts, tokens, n, x, B)
-    except Misbehaved as m_:
-        return CaseResult(case, m_.status, detail=m_.detail)
+    recipe = _Recipe(level, fn, case, settings.time_limit, seed, _copies_per_call(case, n_rows))
+    outcomes = tuple((j, c) for j, s in enumerate(stats) for c in range(len(s.null)))  # each statistic's bins in turn
+    here = time.perf_counter() - started
+    with progress_bar(n_rows, case.name, enabled=settings.progress) as bar:
+        t = tally(recipe, outcomes, n_rows, seed, executor=settings.executor, shard_blocks=settings.shard_blocks,
+                  progress=bar, store=settings.shard_store, run_blocks=_count_blocks)
+    if t.misbehaved:
+        return CaseResult(case, t.misbehaved[1], detail=t.misbehaved[2])
+    t0 = time.perf_counter()
+    counts = np.split(t.counts[:-1], np.cumsum([len(s.null) for s in stats])[:-1])  # [m] arrays; the last bin stays 0
     # a statistic with no samples (row pairs in a one-row call) is not tested; m stays the planned count
     tested = [j for j in range(m) if counts[j].sum() > 0]
     results = {j: compare_counts(counts[j], stats[j].null, alpha=level_alpha) for j in tested}
@@ -558,13 +536,123 @@ def _statistical_case(level, fn, case, settings, seed):
     adjusted = min(1.0, r.g.p_value * m)
     n_used = int(counts[worst].sum())
     detectable = _detectable(stats, counts, level_alpha)
-    overhead = time.perf_counter() - started - fn_time
+    fn_time = t.seconds.get("implementation", 0.0)
+    overhead = here + time.perf_counter() - t0 + t.seconds.get("shards", 0.0) - fn_time  # summed over the shards
+    calls = _calls(n_rows, recipe.copies)
     detail = (f"{m} statistics, Bonferroni alpha/{m}; most significant: {s.name}: {r.g}; "
               f"adjusted p = {adjusted:.3g}; TV detectable at N (power 0.9): {detectable}; "
-              f"{calls} calls of {rows} rows; oracle overhead {overhead:.2f} s, implementation {fn_time:.2f} s")
+              f"{calls} calls of up to {recipe.copies * f.shape[0]} rows; oracle overhead {overhead:.2f} s, "
+              f"implementation {fn_time:.2f} s")
     rejected = any(x.rejected for x in results.values())
     return CaseResult(case, DIFFERS if rejected else OK, tv=r.tv.estimate, detail=detail, n_samples=n_used,
                       p_value=adjusted, tv_interval=(r.tv.lower, r.tv.upper))
+
+
+def _copies_per_call(case, n_rows):
+    """Copies of the case's B rows per call: at most ``memory_budget`` bytes of rows and at most one
+    block, so that a call never spans two blocks (a shard is whole blocks, whatever its size)."""
+    B, K1, V = case.shape
+    bytes_per_copy = B * (2 * K1 - 1) * V * np.dtype(case.dtype).itemsize
+    return int(max(1, min(BLOCK, n_rows, case.memory_budget // max(bytes_per_copy, 1))))
+
+
+def _calls(n, copies):
+    """Calls of at most ``copies`` copies that cover ``n`` draws block by block."""
+    full, last = divmod(n, BLOCK)
+    return full * math.ceil(BLOCK / copies) + math.ceil(last / copies)
+
+
+class _Recipe:
+    """What a shard needs to draw a case's batches, built where the shard runs: plain data
+    and the implementation travel (pickle or cloudpickle); the tiled arrays and the
+    statistics (closures) are built there, once per process, and never sent."""
+
+    def __init__(self, level, fn, case, time_limit, salt, copies):
+        self.level, self.fn, self.case, self.time_limit, self.salt, self.copies = (
+            level, fn, case, time_limit, salt, copies)
+        self._runner = None
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_runner"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _runner=None)
+
+    def __call__(self) -> "_Runner":
+        if self._runner is None:
+            self._runner = _Runner(self)
+        return self._runner
+
+
+class _Runner:
+    """One case's batches: call ``fn`` on ``size`` tiled copies of the rows, count the statistics."""
+
+    def __init__(self, recipe: _Recipe):
+        case, self.level, self.fn, self.time_limit = recipe.case, recipe.level, recipe.fn, recipe.time_limit
+        f = case.as_float()
+        self.B, K1, self.V = f.shape
+        self.K, self.k, self.case, self.copies = K1 - 1, f.k, case, recipe.copies
+        self.stats = statistics_nulls(f, self.level, salt=recipe.salt)
+        tile = lambda a: _as_array(np.tile(a, (self.copies, 1, 1)), case.array, case.dtype, case.device)  # noqa: E731
+        self.p_in = tile(f.p_target)  # [copies B, K+1, V]
+        self.q_in = None if f.q_draft is None else tile(f.q_draft)  # [copies B, K, V]
+        self.draft_cdf = None
+        if self.level == "batched":
+            cdf = np.cumsum(f.drafts_from, axis=2)  # [B, K, V]
+            self.draft_cdf = cdf / cdf[:, :, -1:]
+
+    def call(self, gen, size, counts) -> float:
+        """One call on ``size`` copies, drawn from ``gen`` (call seed, then drafts); adds to ``counts``.
+        Returns the seconds spent inside the implementation."""
+        B, K, V, k = self.B, self.K, self.V, self.k
+        rows = B * size
+        p_in = self.p_in if size == self.copies else self.p_in[:rows]
+        q_in = None if self.q_in is None else (self.q_in if size == self.copies else self.q_in[:rows])
+        call_seed = int(gen.integers(2 ** 63))
+        if self.level == "batched":
+            x = np.full((rows, K), PLACEHOLDER, dtype=np.int64)  # [B size, K]
+            u = gen.random((size, B, K))
+            for b in range(B):
+                for i in range(int(k[b])):
+                    x[b::B, i] = np.minimum(np.searchsorted(self.draft_cdf[b, i], u[:, b, i], side="right"), V - 1)
+            x_in = x if self.case.array == "numpy" else _as_array(x, "torch", np.int64, self.case.device)
+            args = (p_in, q_in, x_in, call_seed)
+        else:
+            x = None
+            args = (p_in, q_in, call_seed)
+        t0 = time.perf_counter()
+        out = call(self.fn, args, {}, self.time_limit)
+        spent = time.perf_counter() - t0
+        tokens, n = parse_output(out, rows, K, V, np.tile(k, size), x)
+        _count(self.stats, counts, tokens, n, x, B)
+        return spent
+
+
+def _count_blocks(recipe, outcomes, seed, first, stop, n, budget=math.inf) -> Tally:
+    """Blocks ``first..stop-1`` of an ``n``-draw case (runs in a shard's worker, or here).
+
+    Block ``j`` draws from :func:`specref.verification.shards.block_rng` ``(seed, j)``, its
+    draws cut into calls of ``recipe.copies`` copies (the last call of a block may be
+    shorter), so its counts do not depend on the shard it is in.  The tally's bins are
+    the statistics' categories in turn; a misbehaviour is kept with the first draw of its call.
+    """
+    with case_budget(budget):
+        started = time.perf_counter()
+        runner = recipe()
+        counts = [np.zeros(len(s.null), dtype=np.int64) for s in runner.stats]
+        done, fn_time, bad = 0, 0.0, None
+        try:
+            for j in range(first, stop):
+                gen = block_rng(seed, j)
+                end = min(n, (j + 1) * BLOCK)
+                for s in range(j * BLOCK, end, runner.copies):
+                    size = min(runner.copies, end - s)
+                    fn_time += runner.call(gen, size, counts)
+                    done += size
+        except Misbehaved as m:
+            bad = (s, m.status, m.detail)
+        flat = np.concatenate(counts + [np.zeros(1, dtype=np.int64)])  # [len(outcomes) + 1]
+        return Tally(flat, {}, done, bad, {"implementation": fn_time, "shards": time.perf_counter() - started})
 
 
 def _plan_null(null):
@@ -622,6 +710,8 @@ def run_batched(level: Level, fn, cases, settings: Settings) -> Report:
     for c in cases:
         _validate_case(level.name, c)
     report = Report(level=level.name, mode=settings.mode)
+    # an executor's shards run in processes of their own; otherwise the whole case runs in a forked worker
+    isolate = settings.isolate and not (settings.mode == "statistical" and settings.executor is not None)
     for i, case in enumerate(cases):
         if settings.mode == "exact":
             if not case.exact:
@@ -630,7 +720,7 @@ def run_batched(level: Level, fn, cases, settings: Settings) -> Report:
         else:
             body = partial(_statistical_case, level.name, fn, case, settings, settings.seed + i)
         # every misbehaviour, isolated or not, becomes a status of this case (specref.verification.calling)
-        report.results.append(run_case(body, case, isolate=settings.isolate, time_limit=settings.time_limit,
+        report.results.append(run_case(body, case, isolate=isolate, time_limit=settings.time_limit,
                                        case_time_limit=settings.case_time_limit))
     return report
 
