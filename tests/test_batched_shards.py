@@ -149,6 +149,38 @@ def test_a_case_over_its_budget_times_out_here_and_on_a_pool():
     assert "case_time_limit" in here.results[0].detail and "case_time_limit" in pooled.results[0].detail
 
 
+CALLS = []
+
+
+def counted_engine(p_target, q_draft, draft_tokens, seed):
+    CALLS.append(seed)
+    return zoo_engines.engine_reference_batched(p_target, q_draft, draft_tokens, seed)
+
+
+def test_an_interrupted_batched_sweep_resumes_from_its_shards(tmp_path):
+    from specref.verification.sweep import run_sweep
+
+    spec = {"impl": "tests.test_batched_shards:counted_engine", "level": "batched",
+            "settings": {"mode": "statistical", "samples": 3 * BLOCK, "shard_blocks": 1},
+            "grid": {"case": ["two-rows"], "seed": [0]}}
+    path = tmp_path / "sweep.json"
+    full = run_sweep(spec, out=path, progress=False)
+    record = json.loads(path.read_text())
+    (cell,) = record["cells"].values()
+    assert len(cell["shards"]) == 3 and cell["result"]["status"] == "ok"
+    cell["result"] = None  # as if interrupted after two of its three shards
+    dropped = sorted(cell["shards"])[1]
+    del cell["shards"][dropped]
+    path.write_text(json.dumps(record))
+    CALLS.clear()
+    resumed = run_sweep(spec, out=path, progress=False)
+    assert len(CALLS) == 1  # one call per block of 1024 copies: only the dropped shard ran again
+    (a,), (b,) = full["cells"].values(), resumed["cells"].values()
+    assert a["shards"] == b["shards"] and sorted(b["shards"]) == sorted(a["shards"])
+    assert {k: _TIMING.sub("", v) if k == "detail" else v for k, v in a["result"].items()} == \
+        {k: _TIMING.sub("", v) if k == "detail" else v for k, v in b["result"].items()}
+
+
 # ---------------------------------------------------------------- the CLI, and a Dask cluster
 
 
