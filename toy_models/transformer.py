@@ -45,6 +45,8 @@ __all__ = [
     "forward_cached",
     "KVCache",
     "CachedTransformer",
+    "BatchedCachedTransformer",
+    "forward_batched",
     "CacheStats",
     "load",
     "save",
@@ -210,8 +212,11 @@ def attention(q, k, v, bias, *, xp):  # [n_head, n_seq, d_head], [n_head, n_kv, 
 
 
 def mha(x, c_attn, c_proj, n_head, bias, layer_cache, *, xp):  # [n_seq, n_embd] -> [n_seq, n_embd]
-    n_seq, n_embd = x.shape
-    qkv = linear(x, **c_attn)  # [n_seq, 3 * n_embd]
+    return linear(_attend(linear(x, **c_attn), n_head, bias, layer_cache, xp=xp), **c_proj)
+
+
+def _attend(qkv, n_head, bias, layer_cache, *, xp):  # [n_seq, 3 * n_embd] -> [n_seq, n_embd]
+    n_seq, n_embd = qkv.shape[0], qkv.shape[1] // 3
     heads = [
         xp.permute_dims(xp.reshape(qkv[:, i * n_embd : (i + 1) * n_embd], (n_seq, n_head, -1)), (1, 0, 2))
         for i in range(3)
@@ -220,8 +225,7 @@ def mha(x, c_attn, c_proj, n_head, bias, layer_cache, *, xp):  # [n_seq, n_embd]
     if layer_cache is not None:
         k, v = layer_cache(k, v)  # [n_head, n_kv, d_head] x2: cached keys/values followed by these
     out = attention(q, k, v, bias, xp=xp)  # [n_head, n_seq, d_head]
-    out = xp.reshape(xp.permute_dims(out, (1, 0, 2)), (n_seq, n_embd))  # merge heads
-    return linear(out, **c_proj)
+    return xp.reshape(xp.permute_dims(out, (1, 0, 2)), (n_seq, n_embd))  # merge heads
 
 
 def transformer_block(x, mlp, attn, ln_1, ln_2, n_head, bias, layer_cache=None, *, xp):  # [n_seq, n_embd] -> [n_seq, n_embd]
@@ -282,6 +286,34 @@ def forward_cached(inputs, cache, wte, wpe, blocks, ln_f, n_head):  # [n_seq] ->
     for i, block in enumerate(blocks):
         x = transformer_block(x, **block, n_head=n_head, bias=bias, layer_cache=cache.layer(i), xp=xp)
     cache.commit(x.shape[0])
+    return layer_norm(x, **ln_f, xp=xp) @ xp.matrix_transpose(wte)
+
+
+def forward_batched(inputs, caches, wte, wpe, blocks, ln_f, n_head):  # B x [n_b] -> [sum n_b, n_vocab]
+    """Append ``inputs[b]`` to ``caches[b]`` for every sequence ``b`` in **one** forward call.
+
+    The new tokens of all B sequences are stacked into one ``[sum n_b, n_embd]`` activation, so
+    every matrix product reads the weights once for the whole batch (what makes batching pay
+    when a step is memory-bound); attention runs per sequence over its own cache, so the
+    sequences may have different lengths (ragged, no padding).  Rows come back stacked in the
+    order of ``inputs``; sequence ``b``'s rows equal ``forward_cached(inputs[b], caches[b], ...)``.
+    """
+    xp, device = namespace(wte), _device(wte)
+    if len(inputs) != len(caches) or not inputs:
+        raise SpecrefError(f"inputs and caches must be non-empty lists of the same length, got {len(inputs)} and {len(caches)}")
+    sizes = [len(t) for t in inputs]
+    x = xp.concat([_embed(t, wte, wpe, len(c), xp=xp, device=device) for t, c in zip(inputs, caches)], axis=0)
+    biases = [causal_bias(n, len(c), xp=xp, dtype=x.dtype, device=device) for n, c in zip(sizes, caches)]
+    starts = [sum(sizes[:b]) for b in range(len(sizes) + 1)]
+    for i, block in enumerate(blocks):
+        attn, mlp = block["attn"], block["mlp"]
+        qkv = linear(layer_norm(x, **block["ln_1"], xp=xp), **attn["c_attn"])  # [sum n_b, 3 n_embd]
+        heads = [_attend(qkv[starts[b] : starts[b + 1], :], n_head, biases[b], caches[b].layer(i), xp=xp)
+                 for b in range(len(sizes))]  # B x [n_b, n_embd]
+        x = x + linear(xp.concat(heads, axis=0), **attn["c_proj"])
+        x = x + ffn(layer_norm(x, **block["ln_2"], xp=xp), **mlp, xp=xp)
+    for cache, n in zip(caches, sizes):
+        cache.commit(n)
     return layer_norm(x, **ln_f, xp=xp) @ xp.matrix_transpose(wte)
 
 
@@ -462,6 +494,16 @@ class CachedTransformer:
         params, config = load(name)
         return cls(params, config, **kwargs)
 
+    def sibling(self) -> "CachedTransformer":
+        """A new, empty model with its own cache that shares these weights (no copy)."""
+        other = object.__new__(type(self))
+        other.config, other.params, other.n_vocab, other.n_ctx = self.config, self.params, self.n_vocab, self.n_ctx
+        other.rollback_enabled = self.rollback_enabled
+        other.cache = KVCache.for_params(self.params, self.config)
+        other._tokens, other._logits = [], np.zeros((self.n_ctx, self.n_vocab))
+        other.stats = CacheStats()
+        return other
+
     def full(self, tokens) -> np.ndarray:  # [n_seq] -> [n_seq, n_vocab]
         """Full recompute without the cache (float64 NumPy); the reference for the cache."""
         return np.asarray(to_numpy(gpt(tokens, **self.params, n_head=self.config.n_head)), dtype=np.float64)
@@ -475,6 +517,73 @@ class CachedTransformer:
         c = self.config
         bug = "" if self.rollback_enabled else ", rollback=False"
         return f"CachedTransformer(n_embd={c.n_embd}, n_layer={c.n_layer}, n_head={c.n_head}, n_vocab={c.n_vocab}, n_ctx={c.n_ctx}{bug})"
+
+
+class BatchedCachedTransformer:
+    """B sequences of one model, each with its own KV cache, scored together: ``model.batch(token_lists)``.
+
+    ``batch([tokens_0, ..., tokens_{B-1}])`` returns one ``[len(tokens_b), n_vocab]`` logits array
+    per sequence (float64 NumPy, as :class:`CachedTransformer`); a ``None`` entry skips that slot
+    (a finished request) and returns ``None`` for it.  Each sequence keeps the longest common
+    prefix with what its slot has cached, rolls back to it, and all the sequences' new tokens go
+    through **one** :func:`forward_batched` call.
+    """
+
+    def __init__(self, params: dict, config: TransformerConfig, batch: int, *, xp=None, dtype=None):
+        batch = check_positive_int("batch", batch)
+        first = CachedTransformer(params, config, xp=xp, dtype=dtype)
+        self.slots = [first] + [first.sibling() for _ in range(batch - 1)]  # one copy of the weights
+        self.params, self.config, self.n_vocab = first.params, config, config.n_vocab
+        self.stats = CacheStats()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.n_vocab
+
+    def batch(self, token_lists) -> list:  # B x [n_b] -> B x [n_b, n_vocab] (None for skipped slots)
+        if len(token_lists) != len(self.slots):
+            raise SpecrefError(f"token_lists must hold {len(self.slots)} entries (one per slot), got {len(token_lists)}")
+        self.stats.calls += 1
+        work = []  # (slot, tokens, first new position)
+        for slot, tokens in zip(self.slots, token_lists):
+            if tokens is None:
+                continue
+            toks = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
+            if len(toks) > self.config.n_ctx:
+                raise SpecrefError(f"tokens: {len(toks)} tokens exceed the context n_ctx = {self.config.n_ctx}")
+            keep = _common_prefix(toks, slot._tokens)
+            if keep < len(slot._tokens):
+                t0 = time.perf_counter()
+                slot.rollback(keep)
+                self.stats.rollback_seconds += time.perf_counter() - t0
+                self.stats.rollbacks += 1
+            work.append((slot, toks, keep))
+        new = [(slot, toks[keep:], keep) for slot, toks, keep in work if keep < len(toks)]
+        if new:
+            t0 = time.perf_counter()
+            logits = to_numpy(forward_batched([t for _, t, _ in new], [s.cache for s, _, _ in new],
+                                              **self.params, n_head=self.config.n_head))
+            self.stats.forward_seconds += time.perf_counter() - t0
+            self.stats.forwards += 1
+            row = 0
+            for slot, toks, start in new:
+                slot._logits[start : start + len(toks)] = logits[row : row + len(toks)]
+                slot._tokens.extend(int(t) for t in toks)
+                row += len(toks)
+                self.stats.tokens += len(toks)
+        out, it = [], iter(work)
+        for tokens in token_lists:
+            if tokens is None:
+                out.append(None)
+                continue
+            slot, toks, _ = next(it)
+            out.append(slot._logits[: len(toks)].copy())
+        return out
+
+    def reset(self) -> None:
+        """Empty every slot's cache."""
+        for slot in self.slots:
+            slot.reset()
 
 
 def _rollback_length(length, cached: int) -> int:
