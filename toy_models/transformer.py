@@ -624,7 +624,8 @@ def load(name: str, *, xp=None) -> tuple[dict, TransformerConfig]:
         path = WEIGHTS_DIR / f"{name}.npz"
     if not path.exists():
         known = sorted(p.stem for p in WEIGHTS_DIR.glob("*.npz"))
-        raise SpecrefError(f"name: no weights {str(name)!r}; saved ones are {known}")
+        raise SpecrefError(f"name: no weights {str(name)!r} at {path}; saved ones are {known}. "
+                           f"`python -m toy_models.train` writes target and draft_small")
     with np.load(path) as data:
         config = TransformerConfig(**{k[7:]: int(data[k]) for k in data.files if k.startswith("config.")})
         flat = {k: data[k].astype(np.float64) for k in data.files if not k.startswith("config.")}
