@@ -50,6 +50,21 @@ def test_wrong_entries_differ_exactly(name):
     assert report.results[0].status == "differs" and report.results[0].tv > F(1, 100), str(report)
 
 
+def test_a_residual_from_the_wrong_row_is_seen_statistically_at_a_large_vocabulary():
+    # Its TV lives in which tail tokens the residual draws, below 3e-4 on the bucketed statistics;
+    # the residual-support statistic sees draws outside max(0, p - q)'s support.  V = 2,000, K = 2,
+    # N = 2,000 per row (seeded): the bug is flagged (Bonferroni-adjusted p < 1e-6) and the correct
+    # engine on the same case and seed is not (alpha = 1e-6: a false alarm has probability <= 1e-6).
+    from specref.verification.batched import check_draft_and_verify, large_vocab_case
+
+    case = large_vocab_case(V=2000, K=2, B=2)
+    run = lambda fn: check_draft_and_verify(fn, cases=[case], mode="statistical", samples=2000, seed=1,  # noqa: E731
+                                            progress=False).results[0]
+    bad, good = run(zoo.cross_row_residual), run(zoo.engine_reference)
+    assert bad.status == "differs" and "outside-support" in bad.detail, bad.detail
+    assert good.status == "ok", good.detail
+
+
 def test_u_zero_accepting_p_zero_is_an_exact_nonzero_tv_on_grid_coins():
     (case,) = cases("draft_and_verify", "zeros-in-p-grid")
     report = check("draft_and_verify", zoo.inclusive_zero_coin, cases=[case])

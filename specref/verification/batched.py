@@ -31,7 +31,8 @@ Modes:
   shards on any executor (``Settings.executor``), so a verdict and its numbers do not depend on the
   worker count or the shard size; the outputs are reduced to low-dimensional statistics whose exact
   laws are computed per case (:func:`statistics_nulls`): the accepted length; length x final-token
-  bucket; rejected draft x residual draw (batched level); the emitted token per position bucketed
+  bucket; rejected draft x residual draw (batched level); the residual draw by the residual's own
+  quantiles, with a category for tokens outside its support; the emitted token per position bucketed
   by target-probability quantiles; seeded random hash buckets of (position, token); and the
   accepted lengths of disjoint row pairs at batch distance 1 and 2 (rows must be independent).
   Each is G-tested at ``alpha / m`` (Bonferroni over the ``m`` statistics of the case); N per row
@@ -81,6 +82,7 @@ MEMORY_BUDGET = 1 << 26  # bytes of input rows per call in statistical mode (64 
 _BUCKETS = 8  # target-probability quantile buckets per position
 _PAIR_BUCKETS = 4  # buckets of the rejected draft and of the residual draw
 _HASH_BUCKETS = 16  # seeded hash buckets of (position, token)
+_OUTSIDE = 1e-9  # residual mass at most this times the row's largest counts as outside its support
 MAX_SAMPLES = 2_000_000  # statistical mode: N per row is capped here
 
 
@@ -458,6 +460,31 @@ def statistics_nulls(case: BatchedCase, level: str, *, salt: int = 0) -> list:
                 return np.where(rej, code, k * _PAIR_BUCKETS * _PAIR_BUCKETS)
 
             stats.append(_Stat(f"rejected draft x residual draw [row {b}]", null / null.sum(), pair_code, (b,)))
+        # residual draw by the residual's own quantiles, with one more category for the tokens the
+        # residual excludes (w = 0: a correct residual never draws them; a residual built from the
+        # wrong rows does, however little its draws move the other statistics)
+        if k:
+            rb = []
+            for n in range(k):
+                outside = w[n] <= _OUTSIDE * w[n].max()
+                if q is not None:  # and outside in float32 too: rows engines get rounded may not flip a sign
+                    p32, q32 = (r.astype(np.float32).astype(np.float64) for r in (p[n], q[n]))
+                    w32 = np.maximum(p32 / p32.sum() - q32 / q32.sum(), 0)
+                    outside &= w32 <= _OUTSIDE * w32.max()
+                ids = _quantile_buckets(np.where(outside, 0.0, w[n]), _BUCKETS)
+                rb.append(np.where(outside, _BUCKETS, ids))  # [V]: 0.._BUCKETS-1 inside, _BUCKETS outside
+            rt = np.stack(rb)  # [k, V]
+            null = np.concatenate([[reach[n] * w[n][rt[n] == c].sum() for c in range(_BUCKETS + 1)] for n in range(k)]
+                                  + [[reach[k]]])
+
+            def support_code(t, n, x, k=k, rt=rt):
+                m = n - 1  # accepted; m < k: rejected at position m, t[m] is the residual draw
+                mm = np.minimum(m, k - 1)
+                code = mm * (_BUCKETS + 1) + rt[mm, t[np.arange(len(n)), mm]]
+                return np.where(m < k, code, k * (_BUCKETS + 1))
+
+            stats.append(_Stat(f"residual draw by residual quantile, outside-support category [row {b}]",
+                               np.maximum(null, 0) / np.maximum(null, 0).sum(), support_code, (b,)))
         # emitted token per position, bucketed by target-probability quantiles; category 0: not reached
         for j in range(k + 1):
             qb = _quantile_buckets(p[j], _BUCKETS)

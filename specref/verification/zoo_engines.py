@@ -37,8 +37,9 @@ engine_reference      both              both   (correct) the chain rule, row by 
 probability 2^-24), so only exact mode with grid coins (``BatchedCase.grid = 24``) or an invalid
 output shows it; "both": exact mode, and statistical mode where the bug moves the low-dimensional
 statistics.  On ``large_vocab_case(V=32000, K=5)`` at N = 3,000 per row every "both" entry is
-flagged except ``cross_row_residual``: its TV there (0.0146) lies in which tail tokens the residual
-favours, and its TV on the statistics is below 3e-4 (``benchmarks/bench_batched.py``).
+flagged (``benchmarks/bench_batched.py``); ``cross_row_residual``'s TV there (0.0146) lies in which
+tail tokens the residual favours, so only the residual-support statistic (draws outside
+``max(0, p - q)``'s support) sees it.
 """
 
 from __future__ import annotations
