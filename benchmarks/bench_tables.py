@@ -60,6 +60,22 @@ def tables(report: dict) -> str:
             f"| {_ms(b['ttft_seconds'])} / {_ms(best['ttft_seconds'])} "
             f"| {_ms(b['latency_p50_seconds'])} / {_ms(b['latency_p99_seconds'])} "
             f"| {_ms(best['latency_p50_seconds'])} / {_ms(best['latency_p99_seconds'])} |")
+    longest = max(c["tokens"] for c in report["cells"])
+    temps = {c["temperature"] for c in report["cells"]}
+    t = "1" if "1" in temps else sorted(temps)[0]
+    lines += ["", f"Every K at T = {t}, {longest} tokens (medians of the 3 runs; ms per run):", "",
+              "| draft | K | measured [range] | SPEC §8 model | calls priced | t_verify/t_step | "
+              "draft / verify / rollback / overhead ms | tok/s |",
+              "|---|---:|---|---:|---:|---:|---|---:|"]
+    for c in report["cells"]:
+        if c["temperature"] != t or c["tokens"] != longest:
+            continue
+        for r in c["runs"]:
+            lines.append(
+                f"| {c['draft']} | {r['k']} | {_x(r['speedup_measured'])} {_rng(r['speedup_range'])} "
+                f"| {_x(r['speedup_model'])} | {_x(r['speedup_calls'])} | {r['verify_cost_ratio']:.2f} "
+                f"| {_ms(r['draft_seconds'])} / {_ms(r['verify_seconds'])} / {r['rollback_seconds'] * 1e3:.2f} / "
+                f"{_ms(r['overhead_seconds'])} | {r['tokens_per_second']:.0f} |")
     if report["batches"]:
         lines += ["", "| batch | tokens | K | speedup [range] | tok/s plain / spec | request latency s plain / spec | padding |",
                   "|---:|---:|---:|---|---|---|---:|"]
