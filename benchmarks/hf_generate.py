@@ -32,6 +32,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-control", action="store_true", help="skip plain generate")
     ap.add_argument("--exact-k", type=int, default=3, help="enumerate iteration laws for cases with K <= this")
     ap.add_argument("--out", default="hf_generate.json")
+    ap.add_argument("--case-time-limit", type=float, default=4 * 3600.0,
+                    help="seconds per case (default 4 h: planned N takes about 45 min a case on one core)")
     args = ap.parse_args(argv)
 
     import torch
@@ -46,7 +48,7 @@ def main(argv=None) -> int:
     logging.set_verbosity_error()
     cases = [c for c in hf_cases() if not args.cases or c.name in args.cases]
     settings = dict(mode="statistical", samples=args.samples, detect_tv=args.detect_tv, alpha=args.alpha,
-                    progress=False)
+                    progress=False, case_time_limit=args.case_time_limit)
     record = {
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                      "python": platform.python_version(), "machine": platform.machine()},
@@ -65,7 +67,8 @@ def main(argv=None) -> int:
             r = check_decoder(impl, cases=[case], **settings).results[0]
             seconds = time.perf_counter() - t0
             row[name] = {"status": r.status, "n": r.n_samples, "p_value": r.p_value, "tv": r.tv,
-                         "tv_interval": r.tv_interval, "seconds": seconds, "ms_per_call": 1e3 * seconds / r.n_samples}
+                         "tv_interval": r.tv_interval, "seconds": seconds, "detail": r.detail,
+                         "ms_per_call": 1e3 * seconds / r.n_samples if r.n_samples else None}
             if assisted and case.k <= args.exact_k and not case.config.greedy:
                 eff = efficiency(impl.target_calls, case, rules=hf_rules)
                 twice = float(_mean(reference_iterations(case, rules=hf_rules, draft_rules=hf_rules_twice)))
