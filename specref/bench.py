@@ -78,16 +78,14 @@ class Timed:
         self.ends = []  # perf_counter at the end of each call
 
     def __call__(self, tokens):
-        t0 = time.perf_counter()
-        out = self.model(tokens)
-        self.ends.append(time.perf_counter())
-        self.seconds += self.ends[-1] - t0
-        self.calls += 1
-        return out
+        return self._timed(self.model, tokens)
 
     def batch(self, token_lists):
+        return self._timed(self.model.batch, token_lists)
+
+    def _timed(self, fn, arg):
         t0 = time.perf_counter()
-        out = self.model.batch(token_lists)
+        out = fn(arg)
         self.ends.append(time.perf_counter())
         self.seconds += self.ends[-1] - t0
         self.calls += 1
@@ -204,13 +202,14 @@ def _range(values):
 # ---------------------------------------------------------------- the pilot and the rule
 
 
-def _median_call(model, tokens, repeats=5):
+def _median_call(model, prefix, new, repeats=5):
+    """Median seconds of one call scoring ``new`` after a cached ``prefix``."""
     times = []
     for _ in range(repeats):
         _reset(model)
-        model(tokens[:-1])  # cached prefix; the timed call scores the last token
+        model(prefix)
         t0 = time.perf_counter()
-        model(tokens)
+        model(prefix + new)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -220,20 +219,11 @@ def pilot(target, drafts, prompt, ks, configs):
     from toy_models.corpus import corpus
 
     base = prompt + corpus(48, seed=PILOT_SEED)[:32]
-    t_step = _median_call(target, base + [1])
-    t_verify = {}
-    for k in ks:
-        times = []
-        for _ in range(5):
-            _reset(target)
-            target(base)
-            t0 = time.perf_counter()
-            target(base + [1] * (k + 1))
-            times.append(time.perf_counter() - t0)
-        t_verify[k] = statistics.median(times)
+    t_step = _median_call(target, base, [1])
+    t_verify = {k: _median_call(target, base, [1] * (k + 1)) for k in ks}
     out = {"t_step": t_step, "t_verify": {str(k): v for k, v in t_verify.items()}, "drafts": {}}
     for name, draft in drafts.items():
-        t_draft = _median_call(draft, base + [1])
+        t_draft = _median_call(draft, base, [1])
         for tname, config in configs.items():
             runs = [run_speculative(target, draft, prompt, 64, 4, config, seed=PILOT_SEED + i) for i in range(3)]
             alpha = sum(sum(r["accepted"]) for r in runs) / max(sum(sum(r["tested"]) for r in runs), 1)

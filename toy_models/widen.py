@@ -42,7 +42,7 @@ import time
 import numpy as np
 
 from specref.core.errors import SpecrefError, check_positive_int
-from toy_models.transformer import TransformerConfig, flatten_params, gpt, load, save
+from toy_models.transformer import TransformerConfig, flatten_params, gpt, load, map_params, save
 
 __all__ = ["widen", "extend_context", "fidelity", "n_params", "WIDE_FACTOR", "WIDE_NOISE", "WIDE_SEED", "wide_target"]
 
@@ -133,10 +133,7 @@ def wide_target(n_ctx: int | None = None, *, dtype=np.float32):
     if n_ctx is not None:
         params, config = extend_context(params, config, n_ctx)
     params, config = widen(params, config, WIDE_FACTOR, noise=WIDE_NOISE, seed=WIDE_SEED)
-    cast = {k: v.astype(dtype) for k, v in flatten_params(params).items()}
-    from toy_models.transformer import unflatten_params
-
-    return unflatten_params(cast), config
+    return map_params(lambda a: a.astype(dtype), params), config
 
 
 def fidelity(small, small_config, wide, wide_config, tokens) -> dict:
@@ -147,16 +144,11 @@ def fidelity(small, small_config, wide, wide_config, tokens) -> dict:
         e = np.exp(logits - logits.max(-1, keepdims=True))
         return e / e.sum(-1, keepdims=True)
 
-    a = np.asarray(gpt(tokens, **_f64(small), n_head=small_config.n_head))
-    b = np.asarray(gpt(tokens, **_f64(wide), n_head=wide_config.n_head))
+    f64 = lambda a: np.asarray(a, dtype=np.float64)  # noqa: E731
+    a = np.asarray(gpt(tokens, **map_params(f64, small), n_head=small_config.n_head))
+    b = np.asarray(gpt(tokens, **map_params(f64, wide), n_head=wide_config.n_head))
     tv = 0.5 * np.abs(probs(a) - probs(b)).sum(-1)
     return {"max_abs_logit_diff": float(np.abs(a - b).max()), "max_tv": float(tv.max()), "positions": len(tokens)}
-
-
-def _f64(params):
-    from toy_models.transformer import map_params
-
-    return map_params(lambda a: np.asarray(a, dtype=np.float64), params)
 
 
 def main(argv=None) -> int:
