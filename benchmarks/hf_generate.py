@@ -10,6 +10,8 @@ with the draft warped once and twice).  Versions and run times go into the JSON.
 
     python benchmarks/hf_generate.py                       # planned N: TV >= 0.01, alpha = 1e-6 (hours)
     python benchmarks/hf_generate.py --samples 2000 --out hf_generate.json
+    python benchmarks/hf_generate.py --table benchmarks/out/hf_generate_planned.json   # the README's table
+    python benchmarks/hf_generate.py --merge a.json b.json --out all.json    # cases run separately, one record
 
 The exact iteration laws are enumerated one iteration at a time (memoised on the
 generated prefix), for cases with K <= ``--exact-k`` (default 3: all of them).
@@ -23,6 +25,65 @@ import platform
 import time
 
 
+def _n(v):
+    return f"{v:,}"
+
+
+def _verdict(r):
+    if r is None:
+        return "not run | | |"
+    lo, hi = r["tv_interval"]
+    return f"{r['status']}, N = {_n(r['n'])} | {r['p_value']:.2g} | {r['tv']:.4f} [{lo:.4f}, {hi:.4f}] | {r['seconds']:.0f}"
+
+
+def planned_table(record: dict) -> str:
+    """Markdown: one row per case of a ``hf_generate.py`` record, assisted and plain side by side.
+
+    ``tests/test_hf_generate_table.py`` checks that the README holds exactly this table
+    for ``benchmarks/out/hf_generate_planned.json``.
+    """
+    lines = [
+        "| case | K, new tokens | assisted | p | TV [99% interval] | s | plain | p | TV [99% interval] | s "
+        "| target calls per decode vs reference once / twice |",
+        "|---|---|---|---:|---|---:|---|---:|---|---:|---|",
+    ]
+    for row in record["cases"]:
+        e = row.get("efficiency")
+        eff = "" if e is None else (
+            f"{e['measured']:.4f} [{e['interval_99'][0]:.4f}, {e['interval_99'][1]:.4f}] vs "
+            f"{e['reference_once']:.4f} / {e['reference_twice']:.4f}: {e['verdict']}")
+        lines.append(f"| {row['case']} | {row['k']}, {row['max_new_tokens']} | {_verdict(row.get('assisted'))} "
+                     f"| {_verdict(row.get('plain'))} | {eff} |")
+    return "\n".join(lines)
+
+
+def merge(records: list[dict]) -> dict:
+    """One record from several runs of this script (e.g. one case per process).
+
+    Runs must share versions and settings.  A case's ``assisted``, ``plain`` and
+    ``efficiency`` parts are taken from whichever run measured them; a part measured
+    twice is an error, not a silent choice.
+    """
+    if not records:
+        raise ValueError("merge: records is empty")
+    first = records[0]
+    for key in ("versions", "settings", "assistant_processors"):
+        for r in records[1:]:
+            if r[key] != first[key]:
+                raise ValueError(f"merge: {key} differ between runs: {first[key]!r} vs {r[key]!r}")
+    cases: dict[str, dict] = {}
+    for r in records:
+        for row in r["cases"]:
+            into = cases.setdefault(row["case"], {})
+            for part, value in row.items():
+                if part in ("assisted", "plain", "efficiency") and part in into:
+                    raise ValueError(f"merge: case {row['case']!r} has {part!r} from two runs")
+                if part in into and into[part] != value:
+                    raise ValueError(f"merge: case {row['case']!r} differs in {part!r}: {into[part]!r} vs {value!r}")
+                into[part] = value
+    return {**{k: first[k] for k in ("versions", "settings", "assistant_processors")}, "cases": list(cases.values())}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=None, help="N per case (default: planned for --detect-tv)")
@@ -30,11 +91,27 @@ def main(argv=None) -> int:
     ap.add_argument("--alpha", type=float, default=1e-6)
     ap.add_argument("--cases", nargs="*", default=None, help="case names (default: all)")
     ap.add_argument("--no-control", action="store_true", help="skip plain generate")
+    ap.add_argument("--no-assisted", action="store_true", help="skip assisted generate (run the control alone)")
     ap.add_argument("--exact-k", type=int, default=3, help="enumerate iteration laws for cases with K <= this")
     ap.add_argument("--out", default="hf_generate.json")
     ap.add_argument("--case-time-limit", type=float, default=4 * 3600.0,
                     help="seconds per case (default 4 h: planned N takes about 45 min a case on one core)")
+    ap.add_argument("--table", metavar="JSON", help="print the README table of a record and stop")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="merge records of separate runs into --out and stop")
     args = ap.parse_args(argv)
+    if args.merge:
+        records = []
+        for path in args.merge:
+            with open(path) as f:
+                records.append(json.load(f))
+        with open(args.out, "w") as f:
+            json.dump(merge(records), f, indent=1)
+        print(f"wrote {args.out}")
+        return 0
+    if args.table:
+        with open(args.table) as f:
+            print(planned_table(json.load(f)))
+        return 0
 
     import torch
     import transformers
@@ -60,7 +137,7 @@ def main(argv=None) -> int:
         row = {"case": case.name, "k": case.k, "max_new_tokens": case.max_new_tokens, "config": vars(case.config),
                "stop_tokens": list(case.stop_tokens)}
         for name, assisted in (("assisted", True), ("plain", False)):
-            if name == "plain" and args.no_control:
+            if (name == "plain" and args.no_control) or (name == "assisted" and args.no_assisted):
                 continue
             impl = HFGenerate(assisted=assisted)
             t0 = time.perf_counter()
