@@ -129,3 +129,30 @@ def test_hf_generate_travels_to_a_worker_and_is_seeded():
     first = impl(target, draft, list(case.prompt), **kwargs)
     copy = pickle.loads(pickle.dumps(impl))  # what a process-pool shard receives: settings, no built models
     assert copy.assisted and copy._models == {} and copy(target, draft, list(case.prompt), **kwargs) == first
+
+
+@pytest.mark.parametrize("name", ["hf-temperature", "hf-top-p", "hf-max-new-mid-block"])
+@pytest.mark.parametrize("passes", [1, 2])
+def test_the_calls_script_joint_law_agrees_with_reference_iterations(name, passes):
+    # benchmarks/hf_generate_calls.py enumerates the joint law of (output, target calls) on its own;
+    # its mean calls and its output marginal must be the reference's (two independent routes)
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from hf_generate_calls import joint_law
+
+    case = CASES[name].as_float()
+    law = joint_law(case, passes)
+    assert abs(sum(law.values()) - 1) < 1e-12
+    mean = sum(calls * w for (_, calls), w in law.items())
+    ref = float(_mean(reference_iterations(case, rules=hf_rules,
+                                           draft_rules=hf_rules if passes == 1 else hf_rules_twice)))
+    assert abs(mean - ref) < 1e-9, (mean, ref)
+    outputs = {}
+    for (tokens, _), w in law.items():
+        outputs[tokens] = outputs.get(tokens, 0.0) + w
+    target, _ = case.models()
+    model, config = ruled(target, case.config, hf_rules)
+    truth = target_law(model, list(case.prompt), config, case.max_new_tokens)
+    assert compare(outputs, truth).tv < 1e-6  # lossless: the output marginal is plain sampling's law
