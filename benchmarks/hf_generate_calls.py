@@ -80,7 +80,7 @@ def joint_law(case, passes: int = 2) -> dict:
     return dict(law)
 
 
-def _block(name, seeds):
+def _block(name, seeds, one_stream=False):
     from transformers.utils import logging
 
     from specref.adapters.hf_generate import HFGenerate, hf_cases
@@ -89,10 +89,16 @@ def _block(name, seeds):
     logging.set_verbosity_error()
     case = {c.name: c for c in hf_cases()}[name].as_float()
     impl = HFGenerate()
+    decode = impl
+    if one_stream:  # torch seeded once for the block; the decodes draw one after another from its stream
+        import torch
+
+        torch.manual_seed(int(seeds[0]))
+        decode = impl._generate
     out = []
     for s in seeds:
-        tokens = impl(LogitTable(case.target), LogitTable(case.draft), case.prompt, k=case.k, config=case.config,
-                      max_new_tokens=case.max_new_tokens, stop_tokens=case.stop_tokens, rng=int(s))
+        tokens = decode(LogitTable(case.target), LogitTable(case.draft), case.prompt, k=case.k, config=case.config,
+                        max_new_tokens=case.max_new_tokens, stop_tokens=case.stop_tokens, rng=int(s))
         out.append((tuple(tokens), impl.last_target_calls))
     return out
 
@@ -105,6 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--passes", type=int, default=2, help="draft warps in the model (transformers 5.24: 2)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--one-stream", action="store_true",
+                    help="seed torch once per block instead of once per decode (the oracle's way)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     for arg in ("decodes", "blocks", "workers", "passes"):
@@ -134,7 +142,7 @@ def main(argv=None) -> int:
              for child, n in zip(np.random.SeedSequence(args.seed).spawn(args.blocks), per_block)]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:
-        blocks = list(pool.map(_block, [args.case] * args.blocks, seeds))
+        blocks = list(pool.map(_block, [args.case] * args.blocks, seeds, [args.one_stream] * args.blocks))
     seconds = time.perf_counter() - t0
     samples = [s for b in blocks for s in b]
     calls = np.array([c for _, c in samples], dtype=float)
@@ -149,7 +157,7 @@ def main(argv=None) -> int:
         "command": "python benchmarks/hf_generate_calls.py " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                      "python": platform.python_version(), "machine": platform.machine()},
-        "case": args.case, "decodes": len(samples), "blocks": args.blocks, "seed": args.seed, "passes": args.passes,
+        "case": args.case, "decodes": len(samples), "blocks": args.blocks, "seed": args.seed, "passes": args.passes, "one_stream": args.one_stream,
         "seconds": seconds, "mean_calls": mean, "se": se, "block_means": [float(np.mean([c for _, c in b])) for b in blocks],
         "model_mean_calls": model_mean, "z": (mean - model_mean) / se, "outcomes": len(keys),
         "outside_support": len(outside), "g": float(g.statistic), "g_p_value": g_p,
