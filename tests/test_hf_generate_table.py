@@ -55,3 +55,15 @@ def test_merge_joins_parts_of_a_case_measured_in_separate_runs():
 def test_merge_refuses_conflicting_runs(bad, needle):
     with pytest.raises(ValueError, match=needle):
         merge(copy.deepcopy(bad))
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--decodes", "0"], "--decodes must be >= 1, got 0"),
+    (["--workers", "-1"], "--workers must be >= 1, got -1"),
+])
+def test_the_calls_script_names_a_bad_argument_and_its_value(args, needle, capsys):
+    from hf_generate_calls import main
+
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2 and needle in capsys.readouterr().err
