@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--exact-k", type=int, default=3, help="enumerate iteration laws for cases with K <= this")
     ap.add_argument("--out", default="hf_generate.json")
     ap.add_argument("--case-time-limit", type=float, default=4 * 3600.0,
-                    help="seconds per case (default 4 h: planned N takes about 45 min a case on one core)")
+                    help="seconds per case (default 4 h; planned N took 7-38 min a case here, one torch thread)")
     ap.add_argument("--table", metavar="JSON", help="print the README table of a record and stop")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="merge records of separate runs into --out and stop")
     args = ap.parse_args(argv)
