@@ -37,10 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specref.decoding.batched import batched_step, sample_drafts  # noqa: E402
-from specref.verification import zoo_engines  # noqa: E402
-from specref.verification.batched import BatchedCase, large_vocab_case, statistics_nulls  # noqa: E402
+from specref.verification.zoo import engines as zoo_engines  # noqa: E402
+from specref.verification.levels.batched import BatchedCase, large_vocab_case, statistics_nulls  # noqa: E402
 from specref.verification.oracle import check  # noqa: E402
-from specref.verification.stats import samples_needed  # noqa: E402
+from specref.verification.statistics.counts import samples_needed  # noqa: E402
 
 _TIMES = re.compile(r"oracle overhead ([\d.]+) s, implementation ([\d.]+) s")
 

@@ -39,9 +39,9 @@ def main(argv=None) -> int:
             ap.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
 
     from specref.adapters.cluster import dask_executor, local_pool
-    from specref.verification import zoo
+    from specref.verification.zoo import chain as zoo
     from specref.verification.oracle import check_step, default_cases
-    from specref.verification.shards import BLOCK
+    from specref.verification.statistics.shards import BLOCK
 
     case = [c for c in default_cases("step") if c.name == "worked-example-rows"]
 

@@ -31,8 +31,9 @@ def main(argv=None) -> int:
             ap.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
 
     from specref.adapters.cluster import local_pool
-    from specref.verification.batched import check_batched_step, large_vocab_case
-    from specref.verification.zoo_engines import engine_reference_batched
+    from specref.verification.levels.batched import large_vocab_case
+    from specref.verification.oracle import check_batched_step
+    from specref.verification.zoo.engines import engine_reference_batched
 
     case = large_vocab_case(V=4000, K=4, B=2)
 

@@ -1,4 +1,4 @@
-"""Cost of the exact verifier (specref.verification.laws): enumerating speculative decoding.
+"""Cost of the exact verifier (specref.verification.laws.enumeration): enumerating speculative decoding.
 
 Headline: a random bigram pair (``toy_models.ngram.NGramModel.random``, order 2,
 zero_frac 0.25), V = 8, K = 3, 6 new tokens, enumerated with ``law_iterated`` and the
@@ -46,7 +46,7 @@ def enumerate_speculative(V: int, K: int, length: int, *, exact: bool, memoise: 
     """Median seconds and the law of speculative decoding for one configuration."""
     from specref.core.sampling import SamplingConfig
     from specref.decoding.chain import speculative_transition
-    from specref.verification.laws import law_iterated
+    from specref.verification.laws.enumeration import law_iterated
 
     target, draft = bigram_pair(V, exact=exact)
     prompt = [0]
@@ -90,7 +90,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
 
     from specref.core.sampling import SamplingConfig
-    from specref.verification.laws import compare, target_law
+    from specref.verification.laws.enumeration import compare, target_law
 
     out: dict = {"machine": machine_info(), "argv": sys.argv[1:], "headline": [], "growth": {}, "memo": []}
     print("machine:", out["machine"])

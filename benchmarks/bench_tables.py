@@ -1,9 +1,9 @@
-"""The README's benchmark tables, printed from committed ``python -m specref.bench --json`` runs.
+"""The performance page's benchmark tables (docs/results/performance.md), printed from committed ``python -m specref.bench --json`` runs.
 
     python benchmarks/bench_tables.py benchmarks/out/bench_wide_torch.json
 
-``tests/test_bench.py`` checks that the README holds exactly these tables for every
-committed run listed in ``RUNS``, so a README number cannot drift from its JSON.
+``tests/test_bench.py`` checks that that page holds exactly these tables for every
+committed run listed in ``RUNS``, so a published number cannot drift from its JSON.
 """
 
 from __future__ import annotations

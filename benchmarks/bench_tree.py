@@ -13,7 +13,7 @@ Then E[accepted draft tokens per step] for chain / width 2 / width 4 trees of de
 1..4, exact (from the law of one step at the prompt) beside a measured mean on the toy
 transformer pair (``specref.verify.transformer_pair``, float rows, N steps).  Last, the
 per-node acceptance of each verifier against the optimum over random rational (p, q), V = 4,
-k = 2 and 3 (:func:`specref.verification.optimal.acceptance_table`), optionally drawn.
+k = 2 and 3 (:func:`specref.verification.laws.optimal.acceptance_table`), optionally drawn.
 
     python benchmarks/bench_tree.py [--repeats 3] [--quick] [--json PATH] [--figure PATH.png]
 """
@@ -48,8 +48,8 @@ def timed(fn, repeats):
 def headline(repeats: int) -> list[dict]:
     from specref.core import tree_verify
     from specref.decoding.tree import draft_tree, tree_rows
-    from specref.verification.laws import compare, law
-    from specref.verification.trees import TreeCase, tree_program
+    from specref.verification.laws.enumeration import compare, law
+    from specref.verification.levels.trees import TreeCase, tree_program
     from toy_models.ngram import NGramModel
 
     V = 8
@@ -97,7 +97,7 @@ def accepted_length(samples: int) -> list[dict]:
     from specref.core.sampling import SamplingConfig
     from specref.decoding.chain import next_token_probs
     from specref.decoding.tree import tree_block
-    from specref.verification.laws import law
+    from specref.verification.laws.enumeration import law
     from specref.verify import transformer_pair
 
     target, draft, prompt = transformer_pair()
@@ -137,7 +137,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--figure", metavar="PATH", help="draw the acceptance table (matplotlib, PNG)")
     args = ap.parse_args(argv)
-    from specref.verification.optimal import acceptance_table
+    from specref.verification.laws.optimal import acceptance_table
 
     repeats = 1 if args.quick else args.repeats
     out = {"machine": machine_info(), "argv": sys.argv[1:], "headline": headline(repeats),

@@ -10,7 +10,7 @@ with the draft warped once and twice).  Versions and run times go into the JSON.
 
     python benchmarks/hf_generate.py                       # planned N: TV >= 0.01, alpha = 1e-6 (hours)
     python benchmarks/hf_generate.py --samples 2000 --out hf_generate.json
-    python benchmarks/hf_generate.py --table benchmarks/out/hf_generate_planned.json   # the README's table
+    python benchmarks/hf_generate.py --table benchmarks/out/hf_generate_planned.json   # the table in docs/guide/huggingface.md
     python benchmarks/hf_generate.py --merge a.json b.json --out all.json    # cases run separately, one record
 
 The exact iteration laws are enumerated one iteration at a time (memoised on the
@@ -39,7 +39,7 @@ def _verdict(r):
 def planned_table(record: dict) -> str:
     """Markdown: one row per case of a ``hf_generate.py`` record, assisted and plain side by side.
 
-    ``tests/test_hf_generate_table.py`` checks that the README holds exactly this table
+    ``tests/test_hf_generate_table.py`` checks that docs/guide/huggingface.md holds exactly this table
     for ``benchmarks/out/hf_generate_planned.json``.
     """
     lines = [
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="hf_generate.json")
     ap.add_argument("--case-time-limit", type=float, default=4 * 3600.0,
                     help="seconds per case (default 4 h; planned N took 7-38 min a case here, one torch thread)")
-    ap.add_argument("--table", metavar="JSON", help="print the README table of a record and stop")
+    ap.add_argument("--table", metavar="JSON", help="print the guide's table of a record and stop")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="merge records of separate runs into --out and stop")
     args = ap.parse_args(argv)
     if args.merge:
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
 
     from specref.adapters.hf_generate import HFGenerate, assistant_processors, hf_cases, hf_rules, hf_rules_twice
     from specref.core.sampling import SamplingConfig
-    from specref.verification.efficiency import _mean, efficiency, reference_iterations
+    from specref.verification.statistics.efficiency import _mean, efficiency, reference_iterations
     from specref.verification.oracle import check_decoder
 
     logging.set_verbosity_error()

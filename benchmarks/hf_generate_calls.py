@@ -8,7 +8,7 @@ the draft warped ``--passes`` times (transformers 5.24 warps the draft twice)?
 
 - the exact joint law is enumerated here, iteration by iteration, over the case's rows
   (HF's processors, :func:`specref.adapters.hf_generate.hf_rules`); its mean number of
-  calls must equal :func:`specref.verification.efficiency.reference_iterations`, an
+  calls must equal :func:`specref.verification.statistics.efficiency.reference_iterations`, an
   independent route (checked, the script stops otherwise);
 - ``--decodes`` seeded decodes of ``HFGenerate`` in ``--blocks`` blocks (seeds from
   ``SeedSequence(--seed).spawn(blocks)``, so the numbers do not depend on ``--workers``);
@@ -85,7 +85,7 @@ def _block(name, seeds, one_stream=False):
     from transformers.utils import logging
 
     from specref.adapters.hf_generate import HFGenerate, hf_cases
-    from specref.verification.tables import LogitTable
+    from specref.verification.cases.tables import LogitTable
 
     logging.set_verbosity_error()
     case = {c.name: c for c in hf_cases()}[name].as_float()
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     from scipy import stats
 
     from specref.adapters.hf_generate import hf_cases, hf_rules
-    from specref.verification.efficiency import _mean, reference_iterations
+    from specref.verification.statistics.efficiency import _mean, reference_iterations
 
     cases = {c.name: c for c in hf_cases()}
     if args.case not in cases:

@@ -3,7 +3,7 @@ TV is at least 0.01 must be flagged, using the N planned for alpha = 1e-6.
 
 For each zoo entry at step and logits level: its exact TV on one small case (exact
 mode), then the oracle in statistical mode with N planned by
-``specref.verification.stats.samples_needed(0.01, 1e-6, 0.9, n_outcomes, null=...)``.  An entry with
+``specref.verification.statistics.counts.samples_needed(0.01, 1e-6, 0.9, n_outcomes, null=...)``.  An entry with
 exact TV >= 0.01 must be flagged; the correct ones must pass.
 
     python benchmarks/zoo_statistical.py [--json PATH]
@@ -23,7 +23,7 @@ from fractions import Fraction as F
 import numpy as np
 
 from specref.core.sampling import SamplingConfig
-from specref.verification import zoo
+from specref.verification.zoo import chain as zoo
 from specref.verification.oracle import Case, check_logits_step, check_step
 
 STEP_CASE = Case("v2-k2", np.array([[F(1, 5), F(4, 5)], [F(3, 5), F(2, 5)]], dtype=object),

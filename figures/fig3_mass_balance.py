@@ -9,7 +9,7 @@ resample from p" (SPEC §7, bug 1): ``min(p, q) + (1 - α)·p = [7/25, 1/2, 11/5
 
 The correct output is computed twice: from the formula, and as the exact law of
 :func:`specref.core.step.speculative_step` (K = 1, the draft token drawn from q),
-enumerated over its random choices by :func:`specref.verification.laws.law`.
+enumerated over its random choices by :func:`specref.verification.laws.enumeration.law`.
 
 JSON: every row as fractions (``"n/d"``) and floats, under ``exact`` and ``float``.
 """
@@ -22,7 +22,7 @@ import numpy as np
 
 from figures._common import DEFAULT_OUT_DIR, exact, new_figure, num, render, run_as_script
 from specref.core.step import acceptance_rate, accepted_mass, residual, residual_mass, speculative_step
-from specref.verification.laws import law
+from specref.verification.laws.enumeration import law
 
 NAME = "fig3_mass_balance"
 TOKENS = ("A", "B", "C")
@@ -36,7 +36,7 @@ CAPTION = (
     "= [0, 1/2, 1/2] that a rejection (probability 2/5) draws from. Right: the law of the emitted token, "
     "stacked as accepted mass + rejection mass × correction. Correct rule (correction from the residual): "
     "exactly p, also confirmed by enumerating every random choice of specref.core.step.speculative_step "
-    "(specref.verification.laws.law). Wrong rule \"on rejection, resample from p\" (SPEC §7 bug 1): "
+    "(specref.verification.laws.enumeration.law). Wrong rule \"on rejection, resample from p\" (SPEC §7 bug 1): "
     "[7/25, 1/2, 11/50] ≠ p. Black lines: p."
 )
 

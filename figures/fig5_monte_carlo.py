@@ -13,14 +13,14 @@ position; α = Σ min(p, q) ≈ 0.866.  N runs over 41 log-spaced values from 10
 samples, each evaluated on its first N samples (shaded: min to max over the streams).
 
 - reference: :func:`specref.decoding.vectorized.sample_steps`, the real vectorized step;
-- two wrong steps from SPEC §7, ``specref.verification.zoo`` entries ``residual_from_p`` (bug 1) and
+- two wrong steps from SPEC §7, ``specref.verification.zoo.chain`` entries ``residual_from_p`` (bug 1) and
   ``deterministic_accept`` (bug 3).  Their scalar Python steps are far too slow for
   5·10^6 runs, so each one's exact first-token law is enumerated
-  (:func:`specref.verification.laws.law`), checked against the closed form derived by hand --
+  (:func:`specref.verification.laws.enumeration.law`), checked against the closed form derived by hand --
   bug 1: ``min(p, q) + (1 - α)·p``; bug 3: ``q·[p ≥ q] + ρ·r`` with
   ``ρ = Σ_{x: p(x) < q(x)} q(x)`` and ``r`` the residual -- and sampled with NumPy.
 - band: where a correct sampler's ``T_N`` falls with probability ≥ 99%, the
-  distribution-free half-width of :func:`specref.verification.stats.tv_estimate` (a constant over √N);
+  distribution-free half-width of :func:`specref.verification.statistics.counts.tv_estimate` (a constant over √N);
   dashed: its expected value ``Σ sqrt(p(1 - p) / (2πN))`` (normal approximation).
 
 JSON: ``n``, ``curves`` [{``name``, ``kind``, ``exact_tv``, ``tv_median``, ``tv_min``,
@@ -34,9 +34,9 @@ import numpy as np
 from figures._common import DEFAULT_OUT_DIR, new_figure, num, render, run_as_script
 from specref.core.sampling import SamplingConfig, process
 from specref.decoding.vectorized import sample_steps
-from specref.verification.laws import law
-from specref.verification.stats import tv_estimate
-from specref.verification.zoo import ZOO
+from specref.verification.laws.enumeration import law
+from specref.verification.statistics.counts import tv_estimate
+from specref.verification.zoo.chain import ZOO
 
 NAME = "fig5_monte_carlo"
 SEED = 20220718  # fixes every stream
@@ -54,11 +54,11 @@ CAPTION = (
     "draft q with α = Σ min(p, q) = {alpha:.3f}), for N = 10 to 10^6. Lines: median over {streams} seeded "
     "streams, each taken at its first N samples; shaded: min-max over the streams. Reference: "
     "specref.decoding.vectorized.sample_steps. The two SPEC §7 bugs are sampled with NumPy from their exact first-token "
-    "laws, obtained by enumerating the specref.verification.zoo implementations (specref.verification.laws.law) and equal to their "
+    "laws, obtained by enumerating the specref.verification.zoo.chain implementations (specref.verification.laws.enumeration.law) and equal to their "
     "closed forms -- the zoo's scalar steps are too slow to run 5·10^6 times; dotted: their exact TV from p. "
     "Grey band: "
     "T_N ≤ {band_c:.3f}/√N, where a correct sampler's T_N falls with probability ≥ 99% (distribution-free "
-    "bound of specref.verification.stats.tv_estimate); dashed: its expected value ≈ {mean_c:.3f}/√N "
+    "bound of specref.verification.statistics.counts.tv_estimate); dashed: its expected value ≈ {mean_c:.3f}/√N "
     "(= Σ sqrt(p(1-p)/(2πN)), normal approximation). The reference stays in the band; the bugs leave it."
 )
 
@@ -70,7 +70,7 @@ def rows():
     return p, q
 
 
-BUGS = (  # (label, specref.verification.zoo entry): the two SPEC §7 bugs that change the first emitted token
+BUGS = (  # (label, specref.verification.zoo.chain entry): the two SPEC §7 bugs that change the first emitted token
     ("bug 1: correction from p (zoo residual_from_p)", "residual_from_p"),
     ("bug 3: deterministic accept p ≥ q (zoo deterministic_accept)", "deterministic_accept"),
 )
@@ -95,11 +95,11 @@ def closed_form_laws(p, q) -> dict:
 
 
 def zoo_first_token_law(p, q, name: str) -> np.ndarray:
-    """Exact law of the first token that ``specref.verification.zoo.ZOO[name]`` emits, by enumeration.  -> [V]
+    """Exact law of the first token that ``specref.verification.zoo.chain.ZOO[name]`` emits, by enumeration.  -> [V]
 
     Enumerated at K = 1 (the first emitted token depends on position 1 only, for
     these two bugs as for the reference): draft ``x ~ q``, then the zoo step, every
-    random choice enumerated by :func:`specref.verification.laws.law`.
+    random choice enumerated by :func:`specref.verification.laws.enumeration.law`.
     """
     step = ZOO[name].fn
     v = p.shape[0]
@@ -170,7 +170,7 @@ def compute() -> dict:
         "seed": SEED, "streams": STREAMS, "k": K,
         "target_logits": list(TARGET_LOGITS), "draft_logits": list(DRAFT_LOGITS),
         "p": [num(x) for x in p], "q": [num(x) for x in q], "alpha": num(alpha),
-        "bug_route": "exact first-token laws of specref.verification.zoo entries (specref.verification.laws.law, K = 1), equal to "
+        "bug_route": "exact first-token laws of specref.verification.zoo.chain entries (specref.verification.laws.enumeration.law, K = 1), equal to "
                      "the closed forms, sampled with NumPy",
         "n": list(N_GRID),
         "curves": curves,

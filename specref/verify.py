@@ -6,12 +6,12 @@ It prints, and checks:
 2. the single-step mass balance ``min(p, q) + (1 - alpha) residual = p`` on random
    rational cases;
 3. the scenario matrix: for each scenario the exact law of speculative decoding
-   (enumerated by :func:`specref.verification.laws.law_iterated`) against the target law
-   (:func:`specref.verification.laws.target_law`, an independent product of conditionals):
+   (enumerated by :func:`specref.verification.laws.enumeration.law_iterated`) against the target law
+   (:func:`specref.verification.laws.enumeration.target_law`, an independent product of conditionals):
    n-gram models of orders 1-3, random table models and the tiny transformer;
    K = 1..4; temperature, greedy, top-k, top-p, min-p and a combination; stop tokens
    and several lengths; forced edge cases; rational mode, where TV must be exactly 0;
-4. negative controls: every wrong implementation of :mod:`specref.verification.zoo` (SPEC §7),
+4. negative controls: every wrong implementation of :mod:`specref.verification.zoo.chain` (SPEC §7),
    run through the same decoder matrix when it is a probability-level step and
    through the oracle at its own level otherwise -- each must be detected (TV > 0);
    approximate algorithms are reported with their exact TV.
@@ -41,8 +41,7 @@ from specref.core.errors import SpecrefError
 from specref.core.sampling import GREEDY, SamplingConfig
 from specref.core.step import acceptance_rate, accepted_mass, residual, residual_mass
 from specref.decoding.chain import speculative_transition
-from specref.verification.laws import compare, law_iterated, target_law
-import specref.adapters.engines  # noqa: E402,F401  registers the "vllm" and "flashinfer" levels
+from specref.verification.laws.enumeration import compare, law_iterated, target_law
 from specref.verification.oracle import LEVELS
 
 FLOAT_TOL = 1e-12  # a correct float scenario: TV <= this
@@ -236,7 +235,7 @@ def larger() -> list[Scenario]:
 
 def edge_cases() -> list[Scenario]:
     """The forced edge cases of SPEC §3 and §9, each a decoder scenario."""
-    from specref.verification.tables import ProbTable
+    from specref.verification.cases.tables import ProbTable
     from toy_models.ngram import NGramModel
 
     F = Fraction
@@ -306,7 +305,7 @@ def _stale_cache_run():
     bug), each from an empty cache, against the law of a correctly cached target.
     """
     from specref.decoding.chain import speculative_decode
-    from specref.verification.laws import law
+    from specref.verification.laws.enumeration import law
 
     stale, draft, prompt = transformer_pair(rollback=False)
     fresh, _, _ = transformer_pair()
@@ -326,10 +325,11 @@ def _stale_cache_run():
 def tree_scenarios() -> list[Scenario]:
     """Tree speculation: each reference verifier's decoding law against the target law (rational,
     TV == 0), the SGLang-style kernel through the tree level, Medusa's typical acceptance
-    (approximate), and every tree bug of :mod:`specref.verification.zoo_trees` as a control."""
+    (approximate), and every tree bug of :mod:`specref.verification.zoo.trees` as a control."""
     from specref.decoding.tree import tree_transition
-    from specref.verification.trees import check_tree, from_coins, sglang_style_kernel
-    from specref.verification.zoo_trees import REORDER_CONFIG, tree_bugs
+    from specref.verification.levels.trees import from_coins, sglang_style_kernel
+    from specref.verification.oracle import check_tree
+    from specref.verification.zoo.trees import REORDER_CONFIG, tree_bugs
     from toy_models.ngram import NGramModel
 
     t3, d3 = (NGramModel.random(order=2, vocab_size=3, seed=s, zero_frac=z).exact for s, z in [(7, 0), (8, 0.3)])
@@ -502,12 +502,12 @@ def check_outside(spec: str, level: str, mode: str, samples: int | None, *, isol
     usage error, a module that cannot be imported, a target that is not callable, or
     an internal error of the oracle.  Each case runs in a forked worker with a hard
     deadline unless ``isolate`` is False.  The printed table cuts details at
-    ``specref.verification.report.TABLE_DETAIL`` characters; ``json_path`` gets the
+    ``specref.verification.running.report.TABLE_DETAIL`` characters; ``json_path`` gets the
     whole record.
     """
     from specref.verification import oracle
-    from specref.verification.calling import describe
-    from specref.verification.report import INTERNAL
+    from specref.verification.running.calling import describe
+    from specref.verification.running.report import INTERNAL
 
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
@@ -556,7 +556,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=1,
                     help="worker processes for the matrix, statistical --impl checks and sweeps (default 1)")
     ap.add_argument("--scheduler", metavar="ADDRESS", help="run on an existing Dask cluster, e.g. tcp://host:8786")
-    ap.add_argument("--sweep", metavar="FILE", help="run the sweep in FILE (TOML or JSON; see specref.verification.sweep)")
+    ap.add_argument("--sweep", metavar="FILE", help="run the sweep in FILE (TOML or JSON; see specref.verification.campaigns.sweep)")
     ap.add_argument("--out", metavar="PATH", help="--sweep: the JSON record (resumed when it exists)")
     args = ap.parse_args(argv)
     if args.workers < 1:
@@ -584,7 +584,7 @@ def _executor(args):
 
 def _main(args, argv, executor) -> int:
     if args.sweep:
-        from specref.verification.sweep import load_sweep, run_sweep, sweep_table
+        from specref.verification.campaigns.sweep import load_sweep, run_sweep, sweep_table
 
         record = run_sweep(load_sweep(args.sweep), out=args.out, executor=executor, progress=not args.no_progress)
         print(sweep_table(record))

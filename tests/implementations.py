@@ -1,5 +1,8 @@
 """Implementations the tests put under the oracle, written here independently of
-:mod:`specref.verification.zoo` (a helper module, not a test module: tests import it)."""
+:mod:`specref.verification.zoo.chain` (a helper module, not a test module: tests import it)."""
+
+import concurrent.futures as cf
+import time
 
 from specref.core.sampling import process
 from specref.core.step import draw, speculative_step
@@ -61,3 +64,20 @@ def raises_on_token_two(p_target, q_draft, draft_tokens, seed):
     if 2 in out:
         raise RuntimeError("token 2")
     return out
+
+
+class ReversedExecutor(cf.Executor):
+    """Threads whose tasks finish in the reverse order of submission."""
+
+    def __init__(self):
+        self.pool, self.count = cf.ThreadPoolExecutor(max_workers=8), 0
+
+    def submit(self, fn, *args, **kwargs):
+        self.count += 1
+        delay = 0.05 * (8 - self.count) if self.count < 8 else 0
+
+        def late():
+            time.sleep(delay)
+            return fn(*args, **kwargs)
+
+        return self.pool.submit(late)

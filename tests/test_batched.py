@@ -10,12 +10,12 @@ import pytest
 from specref.core.errors import SpecrefError
 from specref.core.step import speculative_step
 from specref.decoding.batched import batched_draft_and_verify, batched_step, row_tolerance, sample_drafts
-from specref.verification.batched import (
-    BatchedCase, check_batched_step, default_batched_cases, parse_output, row_law, statistics_nulls,
+from specref.verification.levels.batched import (
+    BatchedCase, default_batched_cases, parse_output, row_law, statistics_nulls,
 )
-from specref.verification.calling import Misbehaved
-from specref.verification.laws import compare, law
-from specref.verification.oracle import LEVELS, check
+from specref.verification.running.calling import Misbehaved
+from specref.verification.laws.enumeration import compare, law
+from specref.verification.oracle import LEVELS, check, check_batched_step
 
 
 def frac(rows):
@@ -119,7 +119,7 @@ def test_draft_and_verify_reference_law_is_the_chain_law():
 
 def test_float_rows_sample_the_exact_law():
     """N = 200,000 seeded copies of one row; G-test at alpha = 1e-6 against the closed form (fixed drafts)."""
-    from specref.verification.stats import compare_counts
+    from specref.verification.statistics.counts import compare_counts
 
     case = BatchedCase("c", frac([P]), frac([Q])).as_float()
     n = 200_000
@@ -233,7 +233,7 @@ def test_grid_coins_make_u_zero_a_branch_and_leave_the_default_unchanged():
 def test_grid_reference_law_is_close_to_the_continuous_law():
     """On float32 grid coins each threshold rounds up by < 2^-24, so the TV is a few 2^-24."""
     case = [c for c in default_batched_cases() if c.name == "zeros-in-p-grid"][0]
-    from specref.verification.batched import _grid_row_law
+    from specref.verification.levels.batched import _grid_row_law
 
     for b in range(2):
         tv = compare(_grid_row_law(case, b, True), row_law(case, b)).tv
@@ -310,7 +310,7 @@ def test_statistics_nulls_are_distributions_and_match_the_exact_law():
 
 def test_statistical_mode_passes_the_reference_and_flags_a_bug():
     """Planned N (detect TV 0.01 at alpha 1e-6, Bonferroni over the case's statistics), seeded."""
-    from specref.verification import zoo_engines
+    from specref.verification.zoo import engines as zoo_engines
 
     rng = np.random.default_rng(5)
     p, q = rng.dirichlet(np.ones(6), size=(2, 3)), rng.dirichlet(np.ones(6), size=(2, 2))

@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 
 from specref.adapters.cluster import dask_executor, local_pool
-from specref.verification import zoo_engines
-from specref.verification.batched import BatchedCase, _count_blocks, _Recipe, statistics_nulls
+from specref.verification.zoo import engines as zoo_engines
+from specref.verification.levels.batched import BatchedCase, _count_blocks, _Recipe, statistics_nulls
 from specref.verification.oracle import check
-from specref.verification.shards import BLOCK, block_rng, tally
-from tests.test_distributed import ReversedExecutor
+from specref.verification.statistics.shards import BLOCK, block_rng, tally
+from tests.implementations import ReversedExecutor
 
 N = 5000
 SEED = 7
@@ -158,7 +158,7 @@ def counted_engine(p_target, q_draft, draft_tokens, seed):
 
 
 def test_an_interrupted_batched_sweep_resumes_from_its_shards(tmp_path):
-    from specref.verification.sweep import run_sweep
+    from specref.verification.campaigns.sweep import run_sweep
 
     spec = {"impl": "tests.test_batched_shards:counted_engine", "level": "batched",
             "settings": {"mode": "statistical", "samples": 3 * BLOCK, "shard_blocks": 1},
@@ -186,7 +186,7 @@ def test_an_interrupted_batched_sweep_resumes_from_its_shards(tmp_path):
 
 def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "specref.verify", "--no-progress", "--impl",
-                           "specref.verification.zoo_engines:engine_reference_batched", "--level", "batched",
+                           "specref.verification.zoo.engines:engine_reference_batched", "--level", "batched",
                            "--mode", "statistical", "--samples", "3000", *args],
                           capture_output=True, text=True, timeout=300)
 

@@ -11,11 +11,11 @@ import pytest
 
 from specref.core.errors import SpecrefError
 from specref.core.sampling import SamplingConfig
-from specref.verification import zoo
-from specref.verification.case_models import PositionLogitTable, PositionProbTable, case_logits_fns, logits_fn
-from specref.verification.cases import Case, default_cases, extra_cases, fixed_cases
+from specref.verification.zoo import chain as zoo
+from specref.verification.cases.models import PositionLogitTable, PositionProbTable, case_logits_fns, logits_fn
+from specref.verification.cases.chain import Case, default_cases, extra_cases, fixed_cases
 from specref.verification.oracle import check_decoder, check_logits_step, check_step
-from specref.verification.tables import LogitTable, ProbTable
+from specref.verification.cases.tables import LogitTable, ProbTable
 from tests.implementations import decoder_reference, logits_reference
 from toy_models.ngram import NGramModel
 

@@ -15,7 +15,7 @@ from specref.decoding.chain import (
     speculative_block,
     speculative_decode,
 )
-from specref.verification.stats import g_test
+from specref.verification.statistics.counts import g_test
 from tests.implementations import resample_from_p
 from toy_models.ngram import NGramModel, random_table_corpus
 

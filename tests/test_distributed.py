@@ -7,7 +7,6 @@ are checked only for agreement between runs and for the classic bug (exact TV 0.
 on the worked example: at N = 5,000 its G statistic rejects at alpha = 1e-6).
 """
 
-import concurrent.futures as cf
 import json
 import os
 import signal
@@ -20,13 +19,13 @@ import pytest
 from specref.adapters.cluster import dask_executor, local_pool
 from specref.core.errors import SpecrefError
 from specref.verification.oracle import check_step, default_cases
-from specref.verification.shards import BLOCK, Tally, block_rng, tally
-from specref.verification.sweep import cells, load_sweep, run_sweep, sweep_table
+from specref.verification.statistics.shards import BLOCK, Tally, block_rng, tally
+from specref.verification.campaigns.sweep import cells, load_sweep, run_sweep, sweep_table
 from tests.implementations import (
+    ReversedExecutor,
     raises_on_token_two,
     reference_with_seed,
     resample_from_p_with_seed,
-    slow_reference_with_seed,
 )
 
 CASES = [c for c in default_cases("step") if c.name in ("worked-example-rows", "zeros-in-p")]
@@ -62,23 +61,6 @@ def test_same_numbers_for_any_worker_count_and_shard_size(single, workers, shard
     assert numbers(got) == single
 
 
-class ReversedExecutor(cf.Executor):
-    """Threads whose tasks finish in the reverse order of submission."""
-
-    def __init__(self):
-        self.pool, self.count = cf.ThreadPoolExecutor(max_workers=8), 0
-
-    def submit(self, fn, *args, **kwargs):
-        self.count += 1
-        delay = 0.05 * (8 - self.count) if self.count < 8 else 0
-
-        def late():
-            time.sleep(delay)
-            return fn(*args, **kwargs)
-
-        return self.pool.submit(late)
-
-
 def test_shards_finishing_out_of_order_merge_exactly(single):
     order = []
     got = check_step(resample_from_p_with_seed, mode="statistical", cases=CASES[:1], samples=N, seed=7,
@@ -92,13 +74,13 @@ def test_shards_finishing_out_of_order_merge_exactly(single):
 def _recipe():
     from functools import partial
 
-    from specref.verification.oracle import _program_of
+    from specref.verification.levels.chain import _program_of
 
     return partial(_program_of, "step", reference_with_seed, CASES[0].as_float(), 10.0)
 
 
 def _outcomes():
-    from specref.verification.laws import target_law
+    from specref.verification.laws.enumeration import target_law
 
     t, _ = CASES[0].models()
     return sorted(target_law(t, list(CASES[0].prompt), CASES[0].config, CASES[0].k + 1))
@@ -123,7 +105,7 @@ def test_a_finished_shard_is_not_run_again():
 
 
 def test_workers_forked_during_one_case_do_not_inherit_its_time_budget():
-    from specref.verification.calling import case_budget
+    from specref.verification.running.calling import case_budget
 
     with local_pool(1) as pool:
         with case_budget(0.2):  # the pool's worker is forked here, inside a case with 0.2 s left
@@ -240,7 +222,7 @@ def test_an_interrupted_sweep_resumes_from_its_json(tmp_path):
     ({"impl": "a:b", "settings": {"samples": 0}}, "samples"),
 ])
 def test_bad_sweeps_are_named(bad, word):
-    from specref.verification.sweep import validate
+    from specref.verification.campaigns.sweep import validate
 
     with pytest.raises(SpecrefError, match=word):
         validate(bad)
@@ -279,7 +261,8 @@ def test_cli_sweep_and_unreachable_scheduler(tmp_path):
 
 def test_the_tree_level_shards_the_same_way():
     from specref.core.tree_verify import pointmass_verify
-    from specref.verification.trees import check_tree, tree_cases
+    from specref.verification.levels.trees import tree_cases
+    from specref.verification.oracle import check_tree
 
     cases = tree_cases("topk")[:2]
     alone = check_tree(pointmass_verify, cases=cases, mode="statistical", samples=3000, seed=4)

@@ -13,8 +13,8 @@ import pytest
 
 from specref.core.errors import SpecrefError
 from specref.decoding.chain import speculative_decode
-from specref.verification.cases import default_cases
-from specref.verification.efficiency import efficiency, reference_iterations
+from specref.verification.cases.chain import default_cases
+from specref.verification.statistics.efficiency import efficiency, reference_iterations
 
 N = 2000
 

@@ -11,9 +11,9 @@ from specref.adapters.engines import (
 )
 from specref.core.errors import SpecrefError
 from specref.decoding.batched import batched_step
-from specref.verification import zoo_engines as zoo
-from specref.verification.batched import BatchedCase, default_batched_cases
-from specref.verification.laws import law
+from specref.verification.zoo import engines as zoo
+from specref.verification.levels.batched import BatchedCase, default_batched_cases
+from specref.verification.laws.enumeration import law
 from specref.verification.oracle import check
 
 
@@ -55,7 +55,8 @@ def test_a_residual_from_the_wrong_row_is_seen_statistically_at_a_large_vocabula
     # the residual-support statistic sees draws outside max(0, p - q)'s support.  V = 2,000, K = 2,
     # N = 2,000 per row (seeded): the bug is flagged (Bonferroni-adjusted p < 1e-6) and the correct
     # engine on the same case and seed is not (alpha = 1e-6: a false alarm has probability <= 1e-6).
-    from specref.verification.batched import check_draft_and_verify, large_vocab_case
+    from specref.verification.levels.batched import large_vocab_case
+    from specref.verification.oracle import check_draft_and_verify
 
     case = large_vocab_case(V=2000, K=2, B=2)
     run = lambda fn: check_draft_and_verify(fn, cases=[case], mode="statistical", samples=2000, seed=1,  # noqa: E731
@@ -92,6 +93,104 @@ def test_placeholder_indexed_is_an_invalid_output_on_ragged_rows():
     ragged, dense = by_name["ragged-rows"], by_name["two-rows"]
     assert ragged.status == "invalid output" and "row 0" in ragged.detail
     assert dense.ok  # dense rows carry no placeholder: the bug cannot show there
+
+
+# ---------------------------------------------------------------- the engine zoo's hooks
+
+
+def _tokens_law(fn, case, with_drafts):
+    """The exact law of ``fn``'s tokens on ``case`` (the drafts drawn by the program when ``with_drafts``)."""
+    from specref.decoding.batched import sample_drafts
+
+    def program(rng):
+        if with_drafts:
+            x = sample_drafts(case.drafts_from, rng, num_draft=case.k)
+            return tuple(map(tuple, np.asarray(fn(case.p_target, case.q_draft, x, rng)).tolist()))
+        return tuple(map(tuple, np.asarray(fn(case.p_target, case.q_draft, rng)).tolist()))
+
+    return law(program, grid=case.grid)
+
+
+@pytest.mark.parametrize("level", ["batched", "draft_and_verify"])
+def test_the_engine_with_no_hook_replaced_is_the_specref_batched_reference(level):
+    from specref.decoding.batched import batched_draft_and_verify
+
+    if level == "batched":
+        ours = zoo.engine_reference_batched
+        theirs = lambda p, q, x, rng: batched_step(p, q, x, rng).tokens  # noqa: E731
+    else:
+        ours = zoo.engine_reference
+        theirs = lambda p, q, rng: batched_draft_and_verify(p, q, rng).tokens  # noqa: E731
+    for case in default_batched_cases(level):  # exact rows, grid coins included: equal laws
+        assert _tokens_law(ours, case, level == "batched") == _tokens_law(theirs, case, level == "batched"), case
+    rng = np.random.default_rng(5)  # float rows: the same tokens seed for seed
+    for seed in range(20):
+        p, q = rng.dirichlet(np.full(6, 0.5), size=(3, 4)), rng.dirichlet(np.full(6, 0.5), size=(3, 3))
+        for dtype in (np.float32, np.float64):
+            pd, qd = p.astype(dtype), q.astype(dtype)
+            if level == "batched":
+                x = rng.integers(0, 6, size=(3, 3))
+                x[1, 1:] = -1  # a ragged row
+                for q_in in (qd, None):  # point-mass drafts too
+                    np.testing.assert_array_equal(ours(pd, q_in, x, seed), theirs(pd, q_in, x, seed))
+            else:
+                np.testing.assert_array_equal(ours(pd, qd, seed), theirs(pd, qd, seed))
+
+
+BUG_HOOKS = {  # each wrong entry and the hooks it replaces
+    "shared_noise_stream": {"coins"}, "coin_reused": {"coins"}, "row_position_noise": {"coins"},
+    "inclusive_zero_coin": {"accepts"}, "dirty_scratch": {"scratch"}, "cross_row_residual": {"scratch"},
+    "placeholder_indexed": {"drafts"},
+    "out_of_vocab_id": {"accepts", "sample"},  # two defects that show only together
+}
+
+
+def test_each_bug_replaces_exactly_its_hooks_of_the_reference(monkeypatch):
+    from dataclasses import fields
+
+    assert set(zoo.HOOKS) == {e.name for e in zoo.entries()}
+    assert set(BUG_HOOKS) == {e.name for e in zoo.entries("wrong")}
+    for e in zoo.entries():
+        hooks = zoo.HOOKS[e.name]
+        changed = {f.name for f in fields(zoo.Hooks) if getattr(hooks, f.name) is not getattr(zoo.REFERENCE, f.name)}
+        assert changed == BUG_HOOKS.get(e.name, set()), e.name
+    # and each entry runs the one loop with its own hooks
+    seen = []
+    monkeypatch.setattr(zoo, "_engine", lambda *args, hooks: seen.append(hooks))
+    p, q = np.full((2, 3, 4), 0.25), np.full((2, 2, 4), 0.25)
+    for e in zoo.entries():
+        e.fn(p, q, np.zeros((2, 2), dtype=np.int64), 0) if e.level == "batched" else e.fn(p, q, 0)
+        assert seen.pop() is zoo.HOOKS[e.name], e.name
+
+
+def test_each_bug_hook_differs_from_the_reference_hook_where_its_bug_lives():
+    R = zoo.REFERENCE
+    # the accept comparisons: at u = 0 with p = 0, and at u = 0 with p = q
+    assert not R.accepts(0.0, 0.0) and zoo.inclusive_below(0.0, 0.0)
+    assert R.accepts(0.0, 1.0) and not zoo.half_open_above(0.0, 1.0)
+    # the scratch rows: row 1 at position 1 of q
+    q = np.arange(2 * 2 * 3, dtype=np.float64).reshape(2, 2, 3)
+    rows, at = np.arange(2), np.array([1, 1])
+    np.testing.assert_array_equal(R.scratch(q, rows, at, 0.0), q[:, 1])
+    np.testing.assert_array_equal(zoo.previous_draft_row_left(q, rows, at, 0.0), q[:, 1] + q[:, 0])
+    np.testing.assert_array_equal(zoo.previous_batch_row(q, rows, at, 0.0), q[[0, 0], 1])
+    # the draft count: placeholders end a row, or are judged
+    x = np.array([[0, -1], [1, 2]])
+    assert R.drafts(x, 2).tolist() == [1, 2] and zoo.every_position(x, 2).tolist() == [2, 2]
+    # the coin sources: the same generator state, the streams the docstrings name
+    ref = R.coins(np.random.default_rng(0), 4, 2, True)
+    one = zoo.one_stream(np.random.default_rng(0), 4, 2, True)
+    assert one.accept is one.draft and one.recovery is one.draft
+    np.testing.assert_array_equal(one.draft, ref.draft)
+    reused = zoo.acceptance_coin_recovers(np.random.default_rng(0), 4, 2, True)
+    assert reused.recovery is reused.accept and ref.recovery is None
+    pairs = zoo.streams_of_row_pairs(np.random.default_rng(0), 4, 2, True)
+    np.testing.assert_array_equal(pairs.accept[0], pairs.accept[1])
+    assert not (ref.accept[0] == ref.accept[1]).all()
+    # the last draw: an all-zero residual after a rejection draws a padded lane
+    final, coin = np.array([[0.5, 0.5, 0.0]]), np.array([0.9])
+    args = (final, coin, np.array([True]), np.array([0.0]), 0.0, 3)
+    assert R.sample(*args).tolist() == [1] and zoo.tiled_argmax(*args).tolist() == [7]
 
 
 # ---------------------------------------------------------------- vLLM V1 style

@@ -16,7 +16,7 @@ from specref.core.errors import SpecrefError
 from specref.core.sampling import SamplingConfig
 from specref.core.step import speculative_step
 from specref.decoding.chain import sample_target, speculative_decode, speculative_transition, target_transition
-from specref.verification.laws import (
+from specref.verification.laws.enumeration import (
     Law,
     LawComparison,
     LazyUniform,

@@ -1,9 +1,9 @@
 """Crash statuses carry the innermost frame (file:line in function) and the exception text."""
 
-from specref.verification.calling import describe
-from specref.verification.frames import innermost_frame
+from specref.verification.running.calling import describe
+from specref.verification.running.frames import innermost_frame
 from specref.verification.oracle import check_step, default_cases
-from specref.verification.report import RAISED
+from specref.verification.running.report import RAISED
 
 
 def _deep(n):

@@ -37,13 +37,13 @@ from specref.core.sampling import SamplingConfig, process, process_probs
 from specref.core.step import speculative_step
 from specref.decoding.chain import sample_target, speculative_decode
 from specref.decoding.vectorized import sample_steps
-from specref.verification import zoo
-from specref.verification.calling import can_isolate
-from specref.verification.laws import compare, target_law
+from specref.verification.zoo import chain as zoo
+from specref.verification.running.calling import can_isolate
+from specref.verification.laws.enumeration import compare, target_law
 from specref.verification.oracle import check_step, default_cases
-from specref.verification.report import Settings
-from specref.verification.stats import g_test
-from specref.verification.tables import LogitTable, ProbTable
+from specref.verification.running.report import Settings
+from specref.verification.statistics.counts import g_test
+from specref.verification.cases.tables import LogitTable, ProbTable
 
 FUZZ = settings(max_examples=60, deadline=None, database=None, derandomize=True,
                 suppress_health_check=list(HealthCheck))
@@ -449,7 +449,7 @@ def test_misbehaviour_through_the_cli(monkeypatch):
         setattr(module, f"kind{i}", fn)
         names[f"kind{i}"] = name
     monkeypatch.setitem(sys.modules, "misbehaving13", module)
-    monkeypatch.setattr("specref.verification.oracle.default_cases", lambda level, **kw: CASES if level == "step"
+    monkeypatch.setattr("specref.verification.levels.chain.default_cases", lambda level, **kw: CASES if level == "step"
                         else default_cases(level, **kw))
     codes, escaped = {}, []
     for attr, name in names.items():
@@ -614,8 +614,8 @@ def _entry_points():
     """(name, function, valid keyword arguments) for the public functions not covered above."""
     from specref.core.step import acceptance_rate, accepted_mass, residual, residual_mass
     from specref.decoding.vectorized import first_token_frequencies
-    from specref.verification.laws import law
-    from specref.verification.stats import samples_needed, tv_estimate
+    from specref.verification.laws.enumeration import law
+    from specref.verification.statistics.counts import samples_needed, tv_estimate
 
     table = ProbTable(np.stack([P[0], P[1], P[2]]))
     return [

@@ -33,7 +33,7 @@ from specref.adapters import hf
 from specref.core.errors import SpecrefError
 from specref.core.step import speculative_step
 from specref.verification.oracle import check_step, default_cases
-from specref.verification.stats import detectable_tv
+from specref.verification.statistics.counts import detectable_tv
 
 N = 10_000  # samples per case: 7-18 s per case (0.7-1.8 ms per adapter call + oracle draws)
 ALPHA = 1e-6  # the oracle's default level

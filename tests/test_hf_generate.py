@@ -32,7 +32,7 @@ from dataclasses import replace
 import pytest
 
 from specref.verification.oracle import check_decoder
-from specref.verification.stats import detectable_tv
+from specref.verification.statistics.counts import detectable_tv
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -45,9 +45,9 @@ from specref.adapters.hf_generate import (  # noqa: E402
     hf_rules_twice,
 )
 from specref.core.sampling import SamplingConfig  # noqa: E402
-from specref.verification.efficiency import _mean, efficiency, reference_iterations  # noqa: E402
-from specref.verification.laws import compare, target_law  # noqa: E402
-from specref.verification.rules import ruled  # noqa: E402
+from specref.verification.statistics.efficiency import _mean, efficiency, reference_iterations  # noqa: E402
+from specref.verification.laws.enumeration import compare, target_law  # noqa: E402
+from specref.verification.cases.rules import ruled  # noqa: E402
 
 ALPHA = 1e-3
 CASES = {c.name: c for c in hf_cases()}

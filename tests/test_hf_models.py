@@ -15,11 +15,11 @@ outright -- it is missed only when none of the N samples lands there, probabilit
 import numpy as np
 import pytest
 
-from specref.verification import zoo
-from specref.verification.cases import default_cases, extra_cases
-from specref.verification.laws import law, target_law
+from specref.verification.zoo import chain as zoo
+from specref.verification.cases.chain import default_cases, extra_cases
+from specref.verification.laws.enumeration import law, target_law
 from specref.verification.oracle import check_decoder
-from specref.verification.stats import detectable_tv
+from specref.verification.statistics.counts import detectable_tv
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -22,10 +22,10 @@ import pytest
 from specref.core.errors import SpecrefError
 from specref.core.sampling import SamplingConfig
 from specref.core.step import speculative_step
-from specref.verification import zoo
-from specref.verification.calling import Misbehaved, can_isolate, describe
+from specref.verification.zoo import chain as zoo
+from specref.verification.running.calling import Misbehaved, can_isolate, describe
 from specref.verification.oracle import Case, check, check_decoder, check_logits_step, check_step, default_cases
-from specref.verification.report import MAX_TOLERANCE, TABLE_DETAIL, Settings
+from specref.verification.running.report import MAX_TOLERANCE, TABLE_DETAIL, Settings
 from tests.implementations import decoder_reference, logits_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -395,7 +395,7 @@ def test_an_internal_error_is_a_status_and_the_cli_exits_2(impls, monkeypatch):
     def broken_compare(*args, **kwargs):
         raise RuntimeError("the oracle's own bug")
 
-    monkeypatch.setattr("specref.verification.oracle.compare", broken_compare)
+    monkeypatch.setattr("specref.verification.levels.runner.compare", broken_compare)
     report = check_step(speculative_step, cases=ONE)
     assert report.results[0].status == "internal error" and "own bug" in report.results[0].detail
     got, text = main("--impl", "specref.core.step:speculative_step", "--no-isolate")

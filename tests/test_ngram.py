@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from specref.core.errors import SpecrefError
-from specref.verification.tables import LogitTable, ProbTable
+from specref.verification.cases.tables import LogitTable, ProbTable
 from toy_models.ngram import NGramModel, random_table_corpus
 
 CORPUS = [[0, 1, 2, 1, 0, 1], [2, 2, 1]]

@@ -100,14 +100,14 @@ def test_statistical_mode_plans_n_when_not_given():
     cases = default_cases("step")[5:6]  # K = 1, V = 3: 9 outcomes
     report = check_step(lambda p, q, x, seed: speculative_step(p, q, x, np.random.default_rng(seed)),
                         mode="statistical", cases=cases, detect_tv=0.05)
-    from specref.verification.stats import samples_needed
+    from specref.verification.statistics.counts import samples_needed
 
     assert report.ok
     assert report.results[0].n_samples == samples_needed(0.05, 1e-6, 0.9, 10, null=_null(cases[0]))
 
 
 def _null(case):
-    from specref.verification.laws import target_law
+    from specref.verification.laws.enumeration import target_law
 
     target, _ = case.as_float().models()
     law = target_law(target, list(case.prompt), case.config, case.k + 1)
@@ -154,3 +154,17 @@ def test_cases_drawn_from_the_strategies_are_deterministic_and_checked():
     logits = oracle.strategy_cases("logits", 4)
     assert all(c.tables == "logits" for c in logits) and check_logits_step(logits_reference, cases=logits).ok
     assert [c.name for c in default_cases("step")][-4:] == ["drawn-0", "drawn-1", "drawn-2", "drawn-3"]
+
+
+def test_every_level_is_known_after_import_specref_alone():
+    """One registry, built explicitly: no adapter import registers a level as a side effect."""
+    import subprocess
+    import sys
+
+    script = ("import sys, specref; names = sorted(specref.LEVELS); "
+              "assert not any(m.startswith('specref.adapters') for m in sys.modules), 'an adapter was imported'; "
+              "print(' '.join(names))")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert set(run.stdout.split()) >= {"step", "logits", "decoder", "batched", "draft_and_verify", "tree",
+                                       "tree_batch", "vllm", "flashinfer"}

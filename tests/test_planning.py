@@ -3,7 +3,7 @@
 import json
 
 from specref.verification.oracle import check_step, default_cases
-from specref.verification.planning import plan, run_each
+from specref.verification.campaigns.planning import plan, run_each
 from tests.implementations import raises_on_token_two, reference_with_seed
 
 

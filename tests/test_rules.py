@@ -13,7 +13,7 @@ from specref.core.sampling import SamplingConfig, process, process_probs
 from specref.core.step import speculative_step
 from specref.decoding.chain import speculative_decode
 from specref.verification.oracle import check_decoder, check_logits_step, check_step, default_cases
-from specref.verification.rules import DEFAULT_ORDER, RuledModel, declare_rules
+from specref.verification.cases.rules import DEFAULT_ORDER, RuledModel, declare_rules
 from tests.implementations import logits_reference
 
 TRUNCATE_FIRST = ("top_k", "top_p", "min_p", "temperature")  # another engine's documented order
@@ -74,3 +74,10 @@ def test_bad_rules_are_refused():
         check_logits_step(logits_reference, rules=("temperature", "top_k"))
     with pytest.raises(SpecrefError, match="logits and decoder"):
         check_step(speculative_step, rules=TRUNCATE_FIRST)
+
+
+def test_the_module_docstring_shows_default_order_as_it_is():
+    from specref.verification.cases import rules
+
+    shown = str(DEFAULT_ORDER).replace("'", '"').replace('", "', '", "')
+    assert " ".join(rules.__doc__.split()).count(" ".join(shown.split())) == 1, shown

@@ -9,8 +9,8 @@ from specref.core.errors import SpecrefError
 from specref.core.sampling import GREEDY, SamplingConfig
 from specref.decoding.chain import sample_target
 from specref.decoding.serving import batched_speculative_decode, batched_target_decode
-from specref.verification.laws import compare, law, target_law
-from specref.verification.tables import ProbTable
+from specref.verification.laws.enumeration import compare, law, target_law
+from specref.verification.cases.tables import ProbTable
 from toy_models.corpus import corpus
 from toy_models.transformer import (
     BatchedCachedTransformer,

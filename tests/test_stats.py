@@ -16,7 +16,7 @@ from scipy import stats as sps
 
 from specref.core.errors import SpecrefError
 from specref.decoding.vectorized import first_token_frequencies
-from specref.verification.stats import (
+from specref.verification.statistics.counts import (
     compare_counts,
     detectable_tv,
     g_test,
@@ -314,7 +314,7 @@ def test_single_outcome_null_is_planned_in_closed_form():
     """
     import math
 
-    from specref.verification.stats import g_test, samples_needed
+    from specref.verification.statistics.counts import g_test, samples_needed
 
     null = np.array([1.0, 0.0, 0.0])
     n = samples_needed(0.01, 1e-6, 0.9, 3, null=null)

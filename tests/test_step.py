@@ -231,3 +231,93 @@ def test_helpers_refuse_mismatched_rows():
         accepted_mass(np.array([0.5, 0.5]), np.array([0.2, 0.3, 0.5]))
     with pytest.raises(SpecrefError, match="shape \\[V\\]"):
         acceptance_rate(P2, P2)
+
+
+# ---------------------------------------------------------------- the shared residual, recomputed in rationals
+# specref.core.step.residual_weights / residual_usable / normalised / correction_weights /
+# correction_row are what every rejection in core and decoding draws from.  The second
+# route below is plain Python on Fractions (the float rows' exact values), no NumPy.
+
+
+def _rational_correction(p, q, *, normalise_fallback=False):
+    """max(0, p - q) / its mass, else p (or p / sum(p)): the SPEC §3 rule, in exact arithmetic."""
+    p, q = [F(float(v)) if not isinstance(v, F) else v for v in p], [F(float(v)) if not isinstance(v, F) else v for v in q]
+    w = [max(a - b, F(0)) for a, b in zip(p, q)]
+    return [v / sum(w) for v in w] if sum(w) else ([v / sum(p) for v in p] if normalise_fallback else p), sum(w)
+
+
+def _residual_pairs():
+    rng = np.random.default_rng(11)
+    pairs = []
+    for _ in range(40):
+        p, q = rng.dirichlet(np.ones(5), size=2)
+        p[rng.random(5) < 0.3] = 0.0
+        p = p / p.sum() if p.sum() else q
+        pairs.append((p, q))
+    pairs.append((np.full(5, 0.2), np.full(5, 0.2)))  # no residual at all: the fallback
+    return pairs
+
+
+def test_residual_weights_and_correction_row_match_rationals():
+    from specref.core.step import correction_row, residual_weights
+
+    for p, q in _residual_pairs():
+        want, mass = _rational_correction(p, q)
+        w = residual_weights(p, q)
+        exact_w = [max(F(float(a)) - F(float(b)), F(0)) for a, b in zip(p, q)]
+        assert all(abs(F(float(v)) - e) <= F(1, 2**53) for v, e in zip(w, exact_w))  # one rounding, values <= 1
+        assert all((v == 0) == (e == 0) for v, e in zip(w, exact_w))  # and the same support
+        got = correction_row(p, q)
+        tol = F(1, 2**50)  # the float route rounds the difference and the division once each
+        if mass > 1e-9:
+            assert all(abs(F(float(g)) - v) <= tol for g, v in zip(got, want))
+        elif mass == 0:
+            assert got is p
+        pf, qf = np.array([F(float(v)) for v in p], dtype=object), np.array([F(float(v)) for v in q], dtype=object)
+        assert list(correction_row(pf, qf)) == want  # Fraction rows: exactly the rational rule
+
+
+def test_residual_usable_is_the_documented_threshold():
+    from specref.core.step import residual_usable
+
+    assert not residual_usable(RESIDUAL_TOL, exact=False)
+    assert residual_usable(np.nextafter(RESIDUAL_TOL, 1.0), exact=False)
+    assert residual_usable(F(1, 10**30), exact=True) and not residual_usable(F(0), exact=True)
+    assert residual_usable(np.array([0.0, 1e-13, 1e-11]), exact=False).tolist() == [False, False, True]
+
+
+def test_correction_weights_per_row_is_correction_row_unnormalised():
+    """Batched rows [B, V] on NumPy and array_api_strict: normalising each gives correction_row."""
+    import array_api_strict as xps
+
+    from specref.core.step import correction_row, correction_weights, residual_weights
+
+    pairs = _residual_pairs()
+    eps = 1e-13  # a row whose residual is rounding only: the fallback p
+    tiny = (np.array([0.5 + eps, 0.5 - eps]), np.array([0.5, 0.5]))
+    p = np.stack([a for a, _ in pairs])
+    q = np.stack([b for _, b in pairs])
+    for xp, asarray in ((np, np.asarray), (xps, xps.asarray)):
+        got = np.asarray(correction_weights(residual_weights(asarray(p), asarray(q), xp=xp), asarray(p), xp=xp,
+                                            exact=False))
+        for row, (a, b) in zip(got, pairs):
+            want = correction_row(a, b)
+            if want is a:  # the fallback: p itself, unnormalised in both
+                assert row.tolist() == a.tolist()
+            else:
+                assert np.allclose(row / row.sum(), want, rtol=1e-15, atol=0)
+        small = correction_weights(residual_weights(asarray(tiny[0]), asarray(tiny[1]), xp=xp), asarray(tiny[0]),
+                                   xp=xp, exact=False)
+        assert np.asarray(small).tolist() == tiny[0].tolist()
+
+
+def test_scaled_fallback_is_normalised_only_when_asked():
+    from specref.core.step import correction_row
+    from specref.core.tree_verify import positive_residual
+
+    p = frac("1/10", "1/5", "0")  # a scaled row (mass 3/10), as block verification hands it
+    q = frac("1/2", "1/2", "0")
+    assert list(correction_row(p, q)) == list(p)
+    assert list(correction_row(p, q, normalise_fallback=True)) == [F(1, 3), F(2, 3), F(0)]
+    assert list(positive_residual(p, q)) == [F(1, 3), F(2, 3), F(0)]
+    assert list(positive_residual(frac("1/2", "1/4", "1/4"), q)) == [F(0), F(0), F(1)]

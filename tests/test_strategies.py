@@ -1,4 +1,4 @@
-"""specref.verification.strategies: every output is valid, every promised edge case really occurs,
+"""specref.verification.cases.strategies: every output is valid, every promised edge case really occurs,
 and the strategies drive one property test of the single-position law (SPEC §3)."""
 
 import doctest
@@ -14,8 +14,8 @@ from hypothesis.errors import InvalidArgument, NoSuchExample
 from specref.core.errors import check_prob_rows
 from specref.core.sampling import SamplingConfig, process, process_probs
 from specref.core.step import RESIDUAL_TOL, accepted_mass, residual, residual_mass, speculative_step
-from specref.verification import strategies
-from specref.verification.strategies import (
+from specref.verification.cases import strategies
+from specref.verification.cases.strategies import (
     StepInput,
     distribution_pairs,
     distributions,
@@ -25,7 +25,7 @@ from specref.verification.strategies import (
     table_model_pairs,
     table_models,
 )
-from specref.verification.tables import LogitTable, ProbTable
+from specref.verification.cases.tables import LogitTable, ProbTable
 
 FIND = settings(max_examples=1000, database=None, derandomize=True, phases=[Phase.generate], deadline=None)
 PUBLIC = [distributions, distribution_pairs, logits, sampling_configs, step_inputs, table_models, table_model_pairs]

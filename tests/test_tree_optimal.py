@@ -7,7 +7,7 @@ import pytest
 
 from specref.core.tree_verify import (_beta, kseq_rho, kseq_verify, pointmass_verify, rrs_with_replacement,
                                       rrs_without_replacement)
-from specref.verification.optimal import (draft_set_law, iid_subset_formula, lp_optimum, node_acceptance,
+from specref.verification.laws.optimal import (draft_set_law, iid_subset_formula, lp_optimum, node_acceptance,
                                           subset_optimum)
 
 

@@ -1,15 +1,15 @@
 """The tree oracle level: correct verifiers pass exactly, every tree bug is caught, the coin adapter works."""
 
-import numpy as np
 import pytest
 
 from specref.core import tree_verify
 from specref.core.errors import SpecrefError
 from specref.verification.levels import LEVELS
 from specref.verification.oracle import check
-from specref.verification.report import INVALID, RAISED
-from specref.verification.trees import check_tree, from_coins, sglang_style_kernel, tree_cases
-from specref.verification.zoo_trees import tree_bugs
+from specref.verification.running.report import INVALID, RAISED
+from specref.verification.levels.trees import from_coins, sglang_style_kernel, tree_cases
+from specref.verification.oracle import check_tree
+from specref.verification.zoo.trees import tree_bugs
 
 
 def test_the_level_is_registered_with_the_oracle():
@@ -34,6 +34,14 @@ def test_the_sglang_style_kernel_passes_through_the_coin_adapter():
 def test_every_tree_bug_is_detected_in_exact_mode(bug):
     report = check_tree(bug.fn, drafting=bug.drafting)
     assert not report.ok and report.worst_tv > 0, str(report)
+
+
+def test_the_point_mass_loop_with_its_reference_hooks_passes_exactly():
+    # the loop two tree bugs replace one hook of (the judged row, the renormalisation) is correct as it is
+    from specref.verification.zoo.trees import _pointmass_loop
+
+    report = check_tree(lambda tree, p, q, rng: _pointmass_loop(tree, p, rng), drafting="topk")
+    assert report.ok and report.worst_tv == 0, str(report)
 
 
 def test_typical_acceptance_is_reported_not_passed():
@@ -61,7 +69,8 @@ def test_misbehaviour_is_a_status():
 
 
 def test_dense_batches_of_trees_are_checked_jointly():
-    from specref.verification.trees import batched_reference_kernel, check_tree_batch
+    from specref.verification.levels.trees import batched_reference_kernel
+    from specref.verification.oracle import check_tree_batch
 
     cases = tree_cases()[:2]
     ok = check_tree_batch(batched_reference_kernel, cases=cases)
@@ -77,3 +86,36 @@ def test_dense_batches_of_trees_are_checked_jointly():
     assert one_row.ok  # with B = 1 the coupling cannot show
     broken = check_tree_batch(lambda *args: ([[0, 9]], [0]), batch=1, cases=cases[:1])
     assert broken.results[0].status == INVALID
+
+
+def test_tree_batches_run_under_settings_like_every_level():
+    """check_tree_batch goes through the one case runner: Settings are validated and honoured
+    (statistical mode, the path budget), a kernel that hangs gets its time limit."""
+    import time
+
+    from specref.verification.levels.trees import batched_reference_kernel
+    from specref.verification.oracle import check_tree_batch
+
+    cases = tree_cases()[:1]
+    with pytest.raises(SpecrefError, match="tolerance"):
+        check_tree_batch(batched_reference_kernel, cases=cases, tolerance=1.0)
+    with pytest.raises(SpecrefError, match="batch"):
+        check_tree_batch(batched_reference_kernel, batch=0, cases=cases)
+    # N = 20,000 pairs of blocks; alpha = 1e-6: a correct kernel is rejected with probability 1e-6
+    stat = check_tree_batch(batched_reference_kernel, cases=cases, mode="statistical", samples=20_000, progress=False)
+    assert stat.ok and stat.results[0].n_samples == 20_000, str(stat)
+
+    def shared_coins(candidates, first, sibling, coins, finals, p):
+        return batched_reference_kernel(candidates, first, sibling, [coins[0]] * len(coins), [finals[0]] * len(finals), p)
+
+    coupled = check_tree_batch(shared_coins, cases=cases, mode="statistical", samples=20_000, progress=False)
+    assert not coupled.ok, str(coupled)  # rows that share coins: the joint law is far from the product
+    budget = check_tree_batch(batched_reference_kernel, cases=cases, batch=4, max_paths=1000)
+    assert budget.results[0].status != "ok" and "max_paths" in budget.results[0].detail, str(budget)
+
+    def hangs(*args):
+        time.sleep(30)
+
+    start = time.monotonic()
+    slow = check_tree_batch(hangs, cases=cases, time_limit=0.5)
+    assert slow.results[0].status == "timeout" and time.monotonic() - start < 10

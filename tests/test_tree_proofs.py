@@ -29,8 +29,8 @@ def test_the_symbolic_laws_match_the_code_by_enumeration():
 
     from specref.core.tree_verify import rrs_with_replacement, rrs_without_replacement
     from specref.decoding.tree import draft_tree
-    from specref.verification.laws import law
-    from specref.verification.zoo_trees import residual_not_updated
+    from specref.verification.laws.enumeration import law
+    from specref.verification.zoo.trees import residual_not_updated
 
     pf = np.array([F(1, 5), F(1, 2), F(3, 10)], dtype=object)
     qf = np.array([F(3, 5), F(3, 10), F(1, 10)], dtype=object)

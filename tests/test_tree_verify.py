@@ -13,7 +13,7 @@ from specref.core.tree import DraftTree, chain_tree
 from specref.core.tree_verify import (block_verify, kseq_rho, kseq_verify, pointmass_verify, rrs_with_replacement,
                                       rrs_without_replacement, typical_acceptance)
 from specref.decoding.tree import draft_tree, tree_transition
-from specref.verification.laws import compare, law, law_iterated, target_law
+from specref.verification.laws.enumeration import compare, law, law_iterated, target_law
 from toy_models.ngram import NGramModel
 
 
@@ -185,7 +185,7 @@ def test_tree_decode_samples_the_target_law():
     <= 1e-6.  A second route to the exact-law tests above, through the sampling loop itself.
     """
     from specref.decoding.tree import tree_decode
-    from specref.verification.stats import compare_counts
+    from specref.verification.statistics.counts import compare_counts
 
     config = SamplingConfig()
     want = target_law(TARGET, [1], config, 2)

@@ -2,7 +2,7 @@
 
 Monte Carlo checks are seeded; each states its N and its tolerance.  Per-outcome
 checks allow 5 standard errors (sqrt(P (1 - P) / N)); joint checks use the pooled
-G-test of specref.verification.stats at alpha = 1e-6.  Backends: numpy and array_api_strict
+G-test of specref.verification.statistics.counts at alpha = 1e-6.  Backends: numpy and array_api_strict
 (cupy when installed).
 """
 
@@ -17,7 +17,7 @@ import pytest
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
 from specref.decoding.vectorized import RESIDUAL_MASS_TOL, first_token_frequencies, sample_steps
-from specref.verification.stats import g_test
+from specref.verification.statistics.counts import g_test
 
 Z_TOL = 5.0  # standard errors allowed per outcome
 ALPHA = 1e-6  # level of the joint G-tests

@@ -48,7 +48,7 @@ def test_a_wrong_step_in_the_correct_matrix_fails_the_run():
 def test_memo_key_matches_the_unmemoised_law():
     """The n-gram memo key is an optimisation only: same law as memoising on the full state."""
     from specref.decoding.chain import speculative_transition
-    from specref.verification.laws import compare, law_iterated
+    from specref.verification.laws.enumeration import compare, law_iterated
 
     target = NGramModel.random(order=2, vocab_size=3, seed=5)
     draft = NGramModel.random(order=2, vocab_size=3, seed=6, zero_frac=0.3)

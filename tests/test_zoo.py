@@ -1,7 +1,7 @@
 """The zoo (SPEC §7): every wrong entry is caught exactly, the correct ones pass.
 
 Independent of the oracle: each entry is lifted into a program by hand here and
-enumerated with :mod:`specref.verification.laws` (or sampled, for the statistical-only entry).
+enumerated with :mod:`specref.verification.laws.enumeration` (or sampled, for the statistical-only entry).
 
 - step level: one speculative block on bigram tables (V = 3, K = 2), completed to
   K + 1 tokens by target sampling, against the target's law of K + 1 tokens;
@@ -20,11 +20,11 @@ from specref.core.errors import SpecrefError
 from specref.core.sampling import SamplingConfig, process
 from specref.core.step import draw
 from specref.decoding.chain import next_token_probs, speculative_block
-from specref.verification import zoo
-from specref.verification.cases import extra_cases
-from specref.verification.laws import compare, law, target_law
-from specref.verification.stats import detectable_tv, g_test, samples_needed
-from specref.verification.tables import LogitTable, ProbTable
+from specref.verification.zoo import chain as zoo
+from specref.verification.cases.chain import extra_cases
+from specref.verification.laws.enumeration import compare, law, target_law
+from specref.verification.statistics.counts import detectable_tv, g_test, samples_needed
+from specref.verification.cases.tables import LogitTable, ProbTable
 from tests.implementations import decoder_reference, logits_reference
 from toy_models.ngram import NGramModel
 

@@ -2,7 +2,7 @@
 
 For every probability-level zoo entry: its exact TV on one case (V = 2, K = 2, 8
 outcomes), then the oracle in statistical mode with N planned to detect TV >= 0.05
-with power 0.9 at alpha = 1e-6 (``specref.verification.stats.samples_needed``; about 6,000
+with power 0.9 at alpha = 1e-6 (``specref.verification.statistics.counts.samples_needed``; about 6,000
 samples here).  Every wrong or approximate entry whose exact TV is >= 0.05 must be
 flagged, and the two correct ones must pass: a false alarm has probability 1e-6
 per case, a miss at most 0.1 by the plan, and the seeds are fixed.  The claim at
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specref.verification import zoo
+from specref.verification.zoo import chain as zoo
 from specref.verification.oracle import check_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))

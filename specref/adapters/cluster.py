@@ -2,7 +2,7 @@
 ``distributed`` extra).
 
 Statistical checks take any :class:`concurrent.futures.Executor` through
-``Settings(executor=...)`` (:mod:`specref.verification.shards`).  This module opens
+``Settings(executor=...)`` (:mod:`specref.verification.statistics.shards`).  This module opens
 the two that the command line offers:
 
 - :func:`local_pool` -- ``--workers N``: a ``ProcessPoolExecutor`` of N processes;

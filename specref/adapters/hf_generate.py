@@ -17,7 +17,7 @@ The ground truth is the exact law of plain target sampling *with the same
 processors*: :func:`hf_rules` applies transformers' ``TemperatureLogitsWarper``,
 ``TopKLogitsWarper``, ``TopPLogitsWarper`` and ``MinPLogitsWarper`` in the order
 ``generate`` builds them (temperature, top-k, top-p, min-p) to float32 logits, and
-:class:`HFGenerate` declares them as its rules (:mod:`specref.verification.rules`).  HF's
+:class:`HFGenerate` declares them as its rules (:mod:`specref.verification.cases.rules`).  HF's
 top-k keeps exactly k tokens where specref keeps ties, so the two rule sets differ
 on tied rows; checking against HF's own is what makes a tie a non-event.  The
 control, ``HFGenerate(assisted=False)`` (plain ``generate(do_sample=True)``), must
@@ -104,7 +104,7 @@ class HFGenerate:
     ``assisted=False``: plain ``target.generate`` (the control).  ``rng`` is an integer
     seed (statistical mode).  After each call ``last_target_calls`` holds the number of
     forward calls of the target -- the iterations, for the efficiency verdict
-    (:mod:`specref.verification.efficiency`) -- and ``target_calls`` lists them all.
+    (:mod:`specref.verification.statistics.efficiency`) -- and ``target_calls`` lists them all.
     """
 
     specref_rules = staticmethod(hf_rules)  # the ground truth: plain sampling with HF's processors
@@ -173,7 +173,7 @@ def assistant_processors(config: SamplingConfig, *, k: int = 2, vocab_size: int 
     import torch
     from transformers import GenerationMixin
 
-    from specref.verification.tables import LogitTable
+    from specref.verification.cases.tables import LogitTable
 
     rng = np.random.default_rng(0)
     t = hf_model(LogitTable(rng.normal(size=(vocab_size, vocab_size))), config=config, max_new_tokens=k + 1, k=k)
@@ -202,7 +202,7 @@ def assistant_processors(config: SamplingConfig, *, k: int = 2, vocab_size: int 
 def hf_cases():
     """Decoder cases for ``generate``: temperature, top-k, top-p, min-p, EOS inside a block,
     ``max_new_tokens`` reached mid-block (K = 3, 4 new tokens), greedy.  V = 3, logits tables."""
-    from specref.verification.cases import Case
+    from specref.verification.cases.chain import Case
 
     rng = np.random.default_rng(20261201)
 

@@ -3,7 +3,7 @@
 A decoder written against Hugging Face-style models (``model(input_ids).logits``,
 ``past_key_values``) cannot take the oracle's ``(p, q, draft_tokens)`` rows: its
 speculative step sits inside a loop over models.  This module turns any
-:class:`~specref.verification.cases.Case` side, and any specref model (the n-gram and
+:class:`~specref.verification.cases.chain.Case` side, and any specref model (the n-gram and
 transformer toy models, the table models), into models such a decoder calls as it is:
 
 - :class:`TableModule` (``torch.nn.Module``): ``model(input_ids [B, n], past_key_values=None,
@@ -21,10 +21,12 @@ shifts it, gives the model a different context -- and with a position-aware case
 ``model.calls`` records each forward call's full context and number of new tokens
 (iterations of a decoder: count the target's calls).
 
-The cache comes back in the form it came in: ``past_key_values=None`` with
-``use_cache=True`` gives the legacy ``((keys, values),)`` tuple (slicing
-``k[:, :, :n]`` crops it); a ``transformers`` ``Cache`` (``DynamicCache``) is updated in
-place (``crop`` works), which is what ``generate`` passes.
+The cache comes back in the form it came in; a ``transformers`` ``Cache``
+(``DynamicCache``) is updated in place (``crop`` works), which is what ``generate`` passes.
+With ``past_key_values=None`` and ``use_cache=True`` the two classes differ:
+:class:`TableModule` (``torch_module``) starts the legacy ``((keys, values),)`` tuple
+(slicing ``k[:, :, :n]`` crops it), while :class:`HFTableModel` (``hf_model``) starts a
+``DynamicCache``, as a ``transformers`` model does.
 
 Leviathan et al. notation: ``p`` is the target, ``q`` the draft.  torch and
 transformers are imported inside the functions, so importing this module needs neither.
@@ -38,7 +40,7 @@ import numpy as np
 
 from specref.core.errors import SpecrefError
 from specref.core.sampling import SamplingConfig
-from specref.verification.case_models import logits_fn
+from specref.verification.cases.models import logits_fn
 
 __all__ = [
     "TableOutput",

@@ -34,20 +34,25 @@ LOW_PRECISION_FACTOR = 8  # float32/float16 rows: tolerance = max(FLOAT_ROW_TOL,
 _LOW_PRECISION_CAP = 1e-2  # ... and never looser than this
 
 
-def row_tolerance(dtype, V: int) -> float:
-    """How far from 1 a row of ``dtype`` over ``V`` tokens may sum.
+def row_tolerance(dtype, V: int, *, cap: float | None = _LOW_PRECISION_CAP, scale_float64: bool = False) -> float:
+    """How far from 1 a row of ``dtype`` over ``V`` tokens may sum.  ``(dtype, V) -> float``
 
-    float64 (and integer) rows: ``FLOAT_ROW_TOL`` (1e-9).  Lower-precision floats
-    (float32, float16, bfloat16-like): ``LOW_PRECISION_FACTOR * eps(dtype) * sqrt(V)``,
-    at least 1e-9 and at most 1e-2 -- a softmax computed in that precision is off by a
-    few eps times a factor that grows with the length of the sum (float32, V = 50,000:
-    1.1e-4; real rows miss by 3e-8 to 1e-7).
+    Lower-precision floats (float32, float16, bfloat16-like):
+    ``LOW_PRECISION_FACTOR * eps(dtype) * sqrt(V)``, at least ``FLOAT_ROW_TOL`` (1e-9)
+    and at most ``cap`` (1e-2; None: no cap) -- a softmax computed in that precision
+    is off by a few eps times a factor that grows with the length of the sum (float32,
+    V = 50,000: 1.1e-4; real rows miss by 3e-8 to 1e-7).  float64 (and wider) rows:
+    ``FLOAT_ROW_TOL``, or with ``scale_float64=True`` the same eps formula (it passes
+    1e-9 only for V > 3.2e11).  Integer rows: ``FLOAT_ROW_TOL``.
+
+    The defaults are what :func:`check_prob_rows` accepts;
+    :func:`specref.decoding.batched.row_tolerance` is ``cap=None, scale_float64=True``.
     """
     dt = np.dtype(dtype)
-    if dt.kind != "f" or dt.itemsize >= 8:
+    if dt.kind != "f" or (dt.itemsize >= 8 and not scale_float64):
         return FLOAT_ROW_TOL
-    tol = LOW_PRECISION_FACTOR * float(np.finfo(dt).eps) * math.sqrt(V)
-    return min(max(FLOAT_ROW_TOL, tol), _LOW_PRECISION_CAP)
+    tol = max(FLOAT_ROW_TOL, LOW_PRECISION_FACTOR * float(np.finfo(dt).eps) * math.sqrt(V))
+    return tol if cap is None else min(tol, cap)
 
 
 class LowPrecisionRows(UserWarning):

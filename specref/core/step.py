@@ -20,12 +20,11 @@ arrays of ``Fraction``, where every quantity is exact.
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 
 from specref.core.backend import to_numpy
-from specref.core.errors import SpecrefError, SpecrefTypeError, check_prob_rows, check_tokens
+from specref.core.draws import check_rng, draw  # re-exported: their home is specref.core.draws
+from specref.core.errors import SpecrefError, check_prob_rows, check_tokens
 from specref.core.numbers import is_exact
 
 __all__ = [
@@ -35,6 +34,10 @@ __all__ = [
     "residual_mass",
     "residual",
     "RESIDUAL_TOL",
+    "residual_weights",
+    "residual_usable",
+    "normalised",
+    "correction_weights",
     "correction_row",
     "check_step_inputs",
     "check_rng",
@@ -63,7 +66,7 @@ def acceptance_rate(p, q):
 def residual_mass(p, q):
     """``sum_x max(0, p(x) - q(x))``: the rejection probability, ``1 - alpha``."""
     p, q = _pair(p, q)
-    return np.maximum(p - q, 0 * p).sum()
+    return residual_weights(p, q).sum()
 
 
 def residual(p, q):
@@ -74,7 +77,7 @@ def residual(p, q):
     undefined (0/0).
     """
     p, q = _pair(p, q)
-    r = _residual_or_none(p, q)
+    r = normalised(residual_weights(p, q))
     if r is None:
         raise SpecrefError(
             f"residual undefined: its mass sum max(0, p - q) = {residual_mass(p, q)!r} is "
@@ -126,60 +129,64 @@ def speculative_step(p_target, q_draft, draft_tokens, rng, *, check: bool = True
     return emitted
 
 
-def check_rng(rng, name: str = "rng"):
-    """``rng`` is a generator *instance*: a ``numpy.random.Generator``, or an object with
-    ``random()`` and ``choice(n, p=...)`` such as the exact enumerator's generator.
+# ---------------------------------------------------------------- the residual, written once
+# Every rejection in specref draws from what these functions return: the step below,
+# the tree verifiers (specref.core.tree_verify) on host rows, and the batched and
+# vectorised samplers (specref.decoding) on [..., V] rows of any array-API backend.
 
-    Refused with SpecrefError naming ``name``: None, a class (``np.random.Generator``
-    itself), a module (``np.random``), and the legacy ``np.random.RandomState``, whose
-    ``choice`` cannot take exact (``Fraction``) rows and whose streams differ.
+
+def residual_weights(p, q, *, xp=np):
+    """``max(0, p - q)``, the unnormalised residual.  ``[..., V], [..., V] -> [..., V]``
+
+    Its zeros are ``0 * p``, so Fraction rows stay Fraction and no float 0 enters
+    them.  ``xp``: the rows' array-API namespace (NumPy for host and Fraction rows).
     """
-    if isinstance(rng, np.random.Generator):
-        return rng
-    hint = "pass a generator instance such as numpy.random.default_rng(seed)"
-    if rng is None:
-        raise SpecrefTypeError(f"{name} must be a generator instance, got None; {hint}")
-    if isinstance(rng, type):
-        raise SpecrefTypeError(f"{name} must be a generator instance, got the class {rng.__name__}; {hint}")
-    if isinstance(rng, types.ModuleType):
-        raise SpecrefTypeError(f"{name} must be a generator instance, got the module {rng.__name__}; {hint}")
-    if isinstance(rng, np.random.RandomState):
-        raise SpecrefTypeError(f"{name} must be a numpy.random.Generator, got the legacy RandomState; {hint}")
-    if not (callable(getattr(rng, "random", None)) and callable(getattr(rng, "choice", None))):
-        raise SpecrefTypeError(f"{name} must be a generator with random() and choice(n, p=...), got "
-                           f"{type(rng).__name__}; {hint}")
-    return rng
+    return xp.maximum(p - q, 0 * p)
 
 
-def draw(rng, probs) -> int:
-    """One token ``~ probs`` through ``rng.choice(V, p=probs)``.
+def residual_usable(mass, *, exact: bool):
+    """Whether a residual of total ``mass`` is drawn from.  ``[...] -> [...]`` bool
 
-    A ``numpy.random.Generator`` only takes float weights, so exact rows are handed
-    to it as float64; any other generator (the exact enumerator's) gets the
-    ``Fraction`` row itself, which keeps its law exact.
+    Exact rows: ``mass > 0``.  Float rows: ``mass > RESIDUAL_TOL`` -- at or below it a
+    rejection was possible only through rounding, so the caller draws from ``p``
+    instead of dividing by ~0 (SPEC §3; see ``RESIDUAL_TOL``).
     """
-    if isinstance(rng, np.random.Generator) and is_exact(probs):
-        probs = probs.astype(np.float64)
-    return int(rng.choice(probs.shape[0], p=probs))
+    return mass > 0 if exact else mass > RESIDUAL_TOL
 
 
-def correction_row(p, q):
+def normalised(w):
+    """``w / sum(w)`` for one host row, or None when that mass is not usable.  ``[V] -> [V] | None``
+
+    "Usable" is :func:`residual_usable`: the mass is not 0, nor (float rows) rounding noise.
+    """
+    mass = w.sum()
+    return w / mass if residual_usable(mass, exact=is_exact(w)) else None
+
+
+def correction_weights(w, p, *, xp, exact: bool):
+    """The unnormalised rows a rejection draws from: ``w`` where its mass is usable, else ``p``.
+
+    ``w [..., V]`` are residual weights (:func:`residual_weights`, or the point-mass
+    residual ``p`` without the draft token), ``p [..., V]`` the target rows -> ``[..., V]``.
+    Never normalised: :func:`specref.core.draws.categorical` needs only a positive total,
+    so nothing divides by a mass that may be tiny.
+    """
+    mass = xp.sum(w, axis=-1, keepdims=True)
+    return xp.where(residual_usable(mass, exact=exact), w, p)
+
+
+def correction_row(p, q, *, normalise_fallback: bool = False):
     """The row a rejected position draws its correction from.  ``[V], [V] -> [V]``
 
-    The normalised residual ``max(0, p - q) / sum``; ``p`` itself when that mass is 0
-    or, for float rows, at most ``RESIDUAL_TOL`` (a rejection only rounding made possible).
+    The normalised residual ``max(0, p - q) / sum``; when that mass is 0 or, for float
+    rows, at most ``RESIDUAL_TOL`` (a rejection only rounding made possible): ``p``
+    itself, or with ``normalise_fallback=True`` ``p / sum(p)`` (None if that mass is
+    not usable either) -- for callers whose ``p`` is a scaled row (block verification).
     """
-    r = _residual_or_none(p, q)
-    return p if r is None else r
-
-
-def _residual_or_none(p, q):
-    """Normalised residual, or None when its mass is 0 / rounding noise."""
-    diff = np.maximum(p - q, 0 * p)
-    mass = diff.sum()
-    if mass == 0 or (not is_exact(p) and mass <= RESIDUAL_TOL):
-        return None
-    return diff / mass
+    r = normalised(residual_weights(p, q))
+    if r is not None:
+        return r
+    return normalised(p) if normalise_fallback else p
 
 
 def _pair(p, q):

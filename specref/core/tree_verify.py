@@ -10,7 +10,7 @@ non-root nodes from the root down (``[]`` when the root's children are all
 rejected), ``next_token`` is the one token drawn after the last accepted node.  The
 emitted block is ``[tree.tokens[n] for n in path] + [next_token]``.  Randomness comes
 from ``rng.random()`` (compared with thresholds only) and ``rng.choice(V, p=row)``,
-so :func:`specref.verification.laws.law` enumerates every verifier exactly; with
+so :func:`specref.verification.laws.enumeration.law` enumerates every verifier exactly; with
 ``Fraction`` rows every quantity is a rational.
 
 Which drafting each rule assumes (the oracle drafts accordingly):
@@ -43,9 +43,10 @@ from fractions import Fraction
 
 import numpy as np
 
+from specref.core.draws import draw
 from specref.core.errors import SpecrefError, check_positive_int
 from specref.core.numbers import is_exact
-from specref.core.step import RESIDUAL_TOL, draw
+from specref.core.step import correction_row, residual_weights
 from specref.core.tree import ROOT, DraftTree, check_tree_rows
 
 __all__ = [
@@ -62,18 +63,14 @@ __all__ = [
 ]
 
 
-def _normalised(w):
-    """``w / sum(w)``; None when the mass is 0 (exact) or rounding noise (float)."""
-    mass = w.sum()
-    if mass == 0 or (not is_exact(w) and mass <= RESIDUAL_TOL):
-        return None
-    return w / mass
-
-
 def positive_residual(p, q):
-    """``norm(max(p - q, 0))`` (``p`` may be scaled); ``p`` normalised when that mass is 0.  ``[V], [V] -> [V]``"""
-    r = _normalised(np.maximum(p - q, 0 * p))
-    return _normalised(p) if r is None else r
+    """``norm(max(p - q, 0))`` (``p`` may be scaled); ``p`` normalised when that mass is 0.  ``[V], [V] -> [V]``
+
+    :func:`specref.core.step.correction_row` with ``normalise_fallback=True``: block
+    verification hands it a scaled ``p``, and RRS's fallback ``p / sum(p)`` differs from
+    ``p`` in the last bits, so the fallback is normalised here and nowhere else.
+    """
+    return correction_row(p, q, normalise_fallback=True)
 
 
 def _one_hot(V, x, like):
@@ -255,8 +252,7 @@ def kseq_verify(tree: DraftTree, p_target, q_draft, rng, *, check: bool = True):
             if beta == 0:  # disjoint supports: nothing is ever accepted
                 return path, draw(rng, p)
             accepted = np.minimum(q, p / rho) * ((1 - (1 - beta) ** len(kids)) / beta)
-            res = _normalised(np.maximum(p - accepted, 0 * p))
-            return path, draw(rng, p if res is None else res)
+            return path, draw(rng, correction_row(p, accepted))  # norm(max(p - accepted, 0)), else p
 
 
 # ---------------------------------------------------------------- (e) block verification
@@ -283,7 +279,7 @@ def block_weights(tree: DraftTree, p_target, q_draft):
         if i == gamma:
             h.append(weights[i])
             continue
-        r = np.maximum(weights[i] * p_target[i] - q[i], 0 * p_target[i]).sum()
+        r = residual_weights(weights[i] * p_target[i], q[i]).sum()
         den = r + 1 - weights[i]
         h.append(0 if den == 0 else r / den)
     return weights, h, q

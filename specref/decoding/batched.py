@@ -17,13 +17,17 @@ its bonus row is ``p_target[b, k_b]``.  Per row:
    ``RESIDUAL_TOL`` (SPEC §3); if all ``k_b`` are accepted emit the bonus from ``p_{k_b}``;
 3. write the emitted tokens into ``[B, K+1]``, padded with the placeholder (default -1).
 
+The residual and its fallback are :func:`specref.core.step.residual_weights` and
+:func:`~specref.core.step.correction_weights`, the draw :func:`specref.core.draws.categorical`
+(its comparison form), an int seed becomes a generator in :func:`specref.core.draws.coerce_rng`.
+
 Randomness: ``rng.random((B, K))`` acceptance coins, then ``rng.random((B,))`` final-draw
 coins (and, in :func:`batched_draft_and_verify`, ``rng.random((B, K))`` draft coins first).
 Every draw is a comparison of a coin with thresholds -- ``u < ratio`` and, for a categorical,
 ``cdf / total <= u`` -- never arithmetic on the coin.  So the same vectorised code runs on
 float coins (a ``numpy.random.Generator`` or an int seed; NumPy, CuPy or torch rows through
 array-api-compat) and on the exact enumerator's lazy uniforms over ``Fraction`` rows
-(:func:`specref.verification.laws.law`), which is how the tests compare each row's law
+(:func:`specref.verification.laws.enumeration.law`), which is how the tests compare each row's law
 with :func:`specref.core.step.speculative_step` exactly.
 
 Float32 rows are accepted: each used row must sum to 1 within :func:`row_tolerance`
@@ -33,16 +37,17 @@ bfloat16 rows are refused (their rounding moves the law by more than specref can
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 from typing import NamedTuple
 
 import numpy as np
 from array_api_compat import device as _device
 
-from specref.core.backend import namespace, to_numpy
+from specref.core import errors as _errors
+from specref.core.backend import namespace, to_host, to_numpy
+from specref.core.draws import categorical, coerce_rng
 from specref.core.errors import SpecrefError
-from specref.core.step import RESIDUAL_TOL
+from specref.core.step import correction_weights, residual_weights
 
 __all__ = [
     "PLACEHOLDER",
@@ -73,24 +78,16 @@ class BatchedSteps(NamedTuple):
 def row_tolerance(dtype, V: int) -> float:
     """How far from 1 a probability row of ``dtype`` over ``V`` tokens may sum: ``8 sqrt(V) eps``.
 
-    A softmax in ``dtype`` rounds each entry by a relative ``eps`` and its sum by about
-    ``sqrt(V) eps`` (pairwise summation); 8x that is the documented slack, at least 1e-9
-    (specref's float64 row tolerance).  float32 at V = 32,000: 1.7e-4.
+    :func:`specref.core.errors.row_tolerance` with this level's documented formula:
+    uncapped (``cap=None``) and applied to float64 too (``scale_float64=True``), at
+    least 1e-9.  float32 at V = 32,000: 1.7e-4.  (It parts from the core default only
+    for float32 at V > 1.1e8, where the default caps at 1e-2, and float64 at V > 3.2e11.)
     """
-    dt = np.dtype(dtype)
-    eps = float(np.finfo(dt).eps) if dt.kind == "f" else 0.0
-    return max(1e-9, 8.0 * math.sqrt(V) * eps)
+    return _errors.row_tolerance(dtype, V, cap=None, scale_float64=True)
 
 
 def _dtype_name(x) -> str:
     return str(getattr(x, "dtype", type(x).__name__)).rsplit(".", 1)[-1]  # torch.float32, array_api_strict.float64
-
-
-def _small(a) -> np.ndarray:
-    """A small summary array (sums, picks) copied to the host, from any backend and device."""
-    if not isinstance(a, np.ndarray) and hasattr(a, "cpu"):
-        a = a.cpu()
-    return to_numpy(a)
 
 
 def _host_rows(name, rows, shape, used):
@@ -115,12 +112,12 @@ def _host_rows(name, rows, shape, used):
     V = rows.shape[2]
     tol = row_tolerance(np.dtype(dtype), V)
     rows64 = xp.astype(rows, xp.float64)
-    sums = _small(xp.sum(rows64, axis=2))  # NaN and inf entries make their row's sum non-finite
+    sums = to_host(xp.sum(rows64, axis=2))  # NaN and inf entries make their row's sum non-finite
     bad = ~np.isfinite(sums) & used
     if bad.any():
         b, i = map(int, np.argwhere(bad)[0])
         raise SpecrefError(f"{name}[{b}, {i}] (row {b}) is not finite (NaN or inf)")
-    neg = (_small(xp.min(rows64, axis=2)) < 0) & used
+    neg = (to_host(xp.min(rows64, axis=2)) < 0) & used
     if neg.any():
         b, i = map(int, np.argwhere(neg)[0])
         raise SpecrefError(f"{name}[{b}, {i}] (row {b}) has a negative entry")
@@ -159,7 +156,7 @@ def check_batched_inputs(p_target, q_draft, draft_tokens, num_draft=None, *, pla
     ``k_b`` must be the placeholder; entries before must be ids in ``0..V-1`` with
     ``q_draft[b, i, x] > 0``.  Every message names the argument and the row.
     """
-    x = _small(draft_tokens)
+    x = to_host(draft_tokens)
     if x.ndim != 2:
         raise SpecrefError(f"draft_tokens must have shape [B, K], got {tuple(x.shape)}")
     if x.dtype.kind not in "iu":
@@ -204,7 +201,7 @@ def check_batched_inputs(p_target, q_draft, draft_tokens, num_draft=None, *, pla
     xs = np.where(live, x, 0)
     if q is not None:
         xq = namespace(q) if q.dtype != object else np
-        zero = live & (_small(_pick(q, xq.asarray(xs, device=_device(q)), xp=xq)) == 0)
+        zero = live & (to_host(_pick(q, xq.asarray(xs, device=_device(q)), xp=xq)) == 0)
         if zero.any():
             b, i = map(int, np.argwhere(zero)[0])
             raise SpecrefError(f"draft_tokens[{b}, {i}] = {x[b, i]} (row {b}) has q_draft[{b}, {i}, {x[b, i]}] = 0: "
@@ -215,25 +212,6 @@ def check_batched_inputs(p_target, q_draft, draft_tokens, num_draft=None, *, pla
 def _lazy(rng) -> bool:
     """True for the exact enumerator's generator (its coins only answer comparisons)."""
     return not isinstance(rng, (np.random.Generator, int, np.integer))
-
-
-def _rng(rng):
-    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
-        return np.random.default_rng(int(rng))
-    if not callable(getattr(rng, "random", None)):
-        raise SpecrefError(f"rng must be a numpy.random.Generator, an int seed or the enumerator, got {rng!r}")
-    return rng
-
-
-def _categorical(rows, u, *, xp):
-    """Inverse-CDF draws by comparison: ``#{j : cdf_j / total <= u}``.  # [B, V], [B] -> [B]
-
-    ``cdf / total`` reaches exactly 1 at the last positive entry, so with ``u < 1`` the
-    index is always a token of positive mass; a zero-mass token is never returned.
-    """
-    cdf = xp.cumulative_sum(rows, axis=1)
-    norm = cdf / cdf[:, -1:]
-    return xp.sum(xp.astype(norm <= u[:, None], xp.int64), axis=1)
 
 
 def _gather(rows, idx, *, xp):
@@ -277,13 +255,10 @@ def _verify(p, q, x, k, u_accept, u_final, placeholder, *, xp, exact):
             hit = xp.arange(V, device=dev)[None, :] == x_n[:, None]
             diff = xp.where(hit, zero, p_n)
         else:
-            diff = p_n - _gather(q, at, xp=xp)
-            diff = xp.where(diff > zero, diff, zero)
-        mass = xp.sum(diff, axis=1)
-        use_residual = (mass > zero) if exact else (mass > RESIDUAL_TOL)  # SPEC §3: rounding-only rejections draw p
-        residual = xp.where(use_residual[:, None], diff, p_n)
+            diff = residual_weights(p_n, _gather(q, at, xp=xp), xp=xp)  # max(0, p_n - q_n)
+        residual = correction_weights(diff, p_n, xp=xp, exact=exact)  # SPEC §3: rounding-only rejections draw p
         final = xp.where((n < k)[:, None], residual, p_n)
-    y = _categorical(final, u_final, xp=xp)
+    y = categorical(final, u_final, xp=xp)
     cols = []
     pad = xp.full((B,), placeholder, dtype=xp.int64, device=dev)
     for i in range(K1):
@@ -321,7 +296,7 @@ def batched_step(p_target, q_draft, draft_tokens, rng, *, num_draft=None,
     backend (NumPy, torch, CuPy).
     """
     xp, p, q, x, k, exact = _prepare(p_target, q_draft, draft_tokens, num_draft, placeholder)
-    rng = _rng(rng)
+    rng = coerce_rng(rng, check=True)
     B, K1, _ = p.shape
     u_accept = _uniforms(rng, (B, K1 - 1), xp=xp, like=p)
     u_final = _uniforms(rng, (B,), xp=xp, like=p)
@@ -333,16 +308,16 @@ def sample_drafts(q_draft, rng, *, num_draft=None, placeholder: int = PLACEHOLDE
 
     One coin per (b, i) from ``rng.random((B, K))``, located by comparison in the row's CDF.
     """
-    rng = _rng(rng)
+    rng = coerce_rng(rng, check=True)
     host = to_numpy(q_draft)
     B, K, V = host.shape
     k = np.full(B, K) if num_draft is None else to_numpy(num_draft).astype(np.int64)
     live = np.arange(K)[None, :] < k[:, None]
     q = _host_rows("q_draft", q_draft, f"[{B}, {K}, {V}]", live)
     if q.dtype != object:
-        q = _small(q)
+        q = to_host(q)
     u = rng.random((B, K))
-    x = _categorical(q.reshape(B * K, V), u.reshape(-1), xp=np).reshape(B, K)
+    x = categorical(q.reshape(B * K, V), u.reshape(-1), xp=np).reshape(B, K)
     return np.where(live, x, placeholder).astype(np.int64)
 
 
@@ -353,7 +328,7 @@ def batched_draft_and_verify(p_target, q_draft, rng, *, num_draft=None,
     p_target [B, K+1, V], q_draft [B, K, V] -> BatchedSteps.  Coins, in order: draft
     ``[B, K]``, acceptance ``[B, K]``, final ``[B]`` -- three separate streams, none reused.
     """
-    rng = _rng(rng)
+    rng = coerce_rng(rng, check=True)
     x = sample_drafts(q_draft, rng, num_draft=num_draft, placeholder=placeholder)
     steps = batched_step(p_target, q_draft, x, rng, num_draft=num_draft, placeholder=placeholder)
     return steps

@@ -19,7 +19,7 @@ sequence is correctly distributed, so truncation keeps the output exact.
 Each iteration is also exposed as ``iteration(state, rng) -> (block, next_state)``
 (:func:`speculative_transition`, :func:`target_transition`) where ``state`` is the
 tuple of tokens generated so far and ``next_state`` is ``None`` once generation has
-ended: :func:`specref.verification.laws.law_iterated` enumerates decoders one iteration at a time.
+ended: :func:`specref.verification.laws.enumeration.law_iterated` enumerates decoders one iteration at a time.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specref.core.draws import check_rng, draw
 from specref.core.errors import SpecrefError, SpecrefTypeError, check_positive_int, check_tokens
 from specref.core.numbers import same_kind
 from specref.core.sampling import SamplingConfig, process, process_probs
-from specref.core.step import check_rng, draw, speculative_step
+from specref.core.step import speculative_step
 
 __all__ = [
     "DecodeResult",
@@ -125,7 +126,7 @@ def sample_target(target, prompt, *, config: SamplingConfig, max_new_tokens: int
     iteration = target_transition(
         target, prompt, config=config, max_new_tokens=max_new_tokens, stop_tokens=stop_tokens, memo=False
     )
-    _check_rng(rng)
+    check_rng(rng)
     result = DecodeResult(tokens=[])
     state = () if max_new_tokens > 0 else None
     while state is not None:
@@ -162,7 +163,7 @@ def speculative_block(target, draft, tokens, *, k: int, config: SamplingConfig, 
     target_rows = _Rows(target, config, "target", memo=False)
     draft_rows = _Rows(draft, config, "draft", memo=False)
     k = check_positive_int("k", k)
-    _check_rng(rng)
+    check_rng(rng)
     return _speculative_block(target_rows, draft_rows, list(tokens), k, rng, step).emitted
 
 
@@ -268,7 +269,7 @@ def speculative_decode(
     :func:`specref.core.step.speculative_step` when given.
     """
     k = check_positive_int("k", k)
-    _check_rng(rng)
+    check_rng(rng)
     stop_tokens = _as_tuple("stop_tokens", stop_tokens)
     if step is not None and not callable(step):
         raise SpecrefError(f"step must be None or a callable step(p_target, q_draft, draft_tokens, rng), got {step!r:.80}")
@@ -313,10 +314,6 @@ def _next_state(generated: tuple, block: tuple, max_new_tokens: int, stops: froz
     if len(state) >= max_new_tokens or (block and block[-1] in stops):
         return None
     return state
-
-
-def _check_rng(rng):
-    check_rng(rng)
 
 
 def _check_common(target, prompt, config, max_new_tokens, stop_tokens, vocab=False):

@@ -23,7 +23,7 @@ model shared by every request (any model :func:`specref.decoding.chain.model_row
 
 Randomness, in order per iteration: ``rng.random((A, 1))`` for each draft position (A
 requests still running), then the acceptance and final coins of ``batched_step``.  Every draw
-compares a coin with thresholds, so the exact enumerator of :mod:`specref.verification.laws`
+compares a coin with thresholds, so the exact enumerator of :mod:`specref.verification.laws.enumeration`
 can run the loop over Fraction rows and give its output law.
 """
 

@@ -14,7 +14,7 @@ One iteration on the prefix ``tokens``:
    (:mod:`specref.core.tree_verify`); the block is the path's tokens and the next token.
 
 :func:`tree_transition` is that iteration as ``iteration(state, rng)`` for
-:func:`specref.verification.laws.law_iterated`, so the loop's output law can be
+:func:`specref.verification.laws.enumeration.law_iterated`, so the loop's output law can be
 compared exactly with the target sampler's law.
 """
 
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from specref.core.draws import draw
 from specref.core.errors import SpecrefError, check_positive_int, check_tokens
 from specref.core.numbers import same_kind
 from specref.core.sampling import SamplingConfig
-from specref.core.step import draw
 from specref.core.tree import DraftTree
 from specref.core.tree_verify import VERIFIERS
 from specref.decoding.chain import next_token_probs

@@ -22,7 +22,10 @@ Every categorical draw is inverse-CDF sampling: a uniform ``u`` is scaled by the
 row's total mass and located in the row's cumulative sum with ``searchsorted``
 (``side="right"``, so a zero-probability token can never be returned).  Scaling by
 the total instead of dividing the row by it means that the residual is never
-normalized, so nothing divides by a sum that may be tiny.
+normalized, so nothing divides by a sum that may be tiny.  The residual and its
+fallback are :func:`specref.core.step.residual_weights` and
+:func:`~specref.core.step.correction_weights`; the draw is
+:func:`specref.core.draws.categorical` (``scaled_coin=True``).
 
 Backends: all arithmetic uses the array-API namespace of the inputs (NumPy,
 ``array_api_strict``, CuPy).  Uniforms come from the caller's ``rng`` on the host
@@ -39,6 +42,7 @@ import numpy as np
 from array_api_compat import device as _device
 
 from specref.core.backend import namespace, to_numpy
+from specref.core.draws import categorical
 from specref.core.errors import (
     SpecrefError,
     SpecrefTypeError,
@@ -47,7 +51,7 @@ from specref.core.errors import (
     check_tokens,
 )
 from specref.core.numbers import is_exact
-from specref.core.step import RESIDUAL_TOL
+from specref.core.step import RESIDUAL_TOL, correction_weights, residual_weights
 
 __all__ = [
     "RESIDUAL_MASS_TOL",
@@ -109,20 +113,6 @@ def _as_float_rows(name, rows, shape):
     return rows
 
 
-def _categorical(cdf, u, *, xp):
-    """Inverse-CDF draws from one unnormalized row.  # [V], [n] -> [n]
-
-    ``cdf`` is the cumulative sum of a row with positive total; ``u`` is uniform on [0, 1).
-    The clip only matters when rounding makes ``u * total == total``: it then returns the
-    last token with positive mass, never a zero-probability token or index V.
-    """
-    total = cdf[-1]
-    idx = xp.searchsorted(cdf, u * total, side="right")
-    positive = xp.concat([cdf[:1] > 0, cdf[1:] > cdf[:-1]])
-    last = cdf.shape[0] - 1 - int(xp.argmax(xp.astype(xp.flip(positive), xp.int8)))
-    return xp.clip(idx, max=last)
-
-
 def _check_draft_tokens(draft_tokens, q_host, n):
     """Host-side validation: ints in range, shape [K] or [n, K], q_i(x_i) > 0."""
     k, v = q_host.shape
@@ -149,6 +139,14 @@ def _check_draft_tokens(draft_tokens, q_host, n):
     return host
 
 
+def _check_coin_rng(rng):
+    """``rng`` is an instance with ``random(shape)``: not None, the Generator class, the np.random module or a RandomState."""
+    if (isinstance(rng, (type, types.ModuleType, np.random.RandomState))
+            or not callable(getattr(rng, "random", None))):
+        raise SpecrefTypeError(f"rng must be a numpy.random.Generator instance (numpy.random.default_rng(seed)), "
+                           f"got {'the class ' + rng.__name__ if isinstance(rng, type) else repr(rng)[:80]}")
+
+
 def sample_steps(p_target, q_draft, n: int, rng, *, draft_tokens=None) -> StepSamples:
     """Run ``n`` independent speculative steps of SPEC §3 at once.
 
@@ -170,11 +168,7 @@ def sample_steps(p_target, q_draft, n: int, rng, *, draft_tokens=None) -> StepSa
     q_draft = _as_float_rows("q_draft", q_draft, (k, v))
     xp = namespace(p_target, q_draft)  # after validation: a list or a string has no namespace
     n = check_positive_int("n", n)
-    # an instance with random(shape): not None, the Generator class, the np.random module or a RandomState
-    if (isinstance(rng, (type, types.ModuleType, np.random.RandomState))
-            or not callable(getattr(rng, "random", None))):
-        raise SpecrefTypeError(f"rng must be a numpy.random.Generator instance (numpy.random.default_rng(seed)), "
-                           f"got {'the class ' + rng.__name__ if isinstance(rng, type) else repr(rng)[:80]}")
+    _check_coin_rng(rng)
     fixed = None if draft_tokens is None else _check_draft_tokens(draft_tokens, to_numpy(q_draft), n)
 
     dev = _device(p_target)
@@ -187,33 +181,16 @@ def sample_steps(p_target, q_draft, n: int, rng, *, draft_tokens=None) -> StepSa
     # 1. draft tokens x_i ~ q_i (or the fixed ones)                       # [n, K]
     if fixed is None:
         u_draft = uniforms((n, k))
-        x = xp.stack([_categorical(xp.cumulative_sum(q[i, :]), u_draft[:, i], xp=xp) for i in range(k)], axis=1)
+        x = xp.stack([categorical(q[i, :], u_draft[:, i], xp=xp, scaled_coin=True) for i in range(k)], axis=1)
     else:
         x = xp.asarray(fixed, dtype=xp.int64, device=dev)
         if x.shape[0] != n:
             x = xp.broadcast_to(x, (n, k))
     x = xp.astype(x, xp.int64)
-
-    # 2. accept x_i iff u_i < p_i(x_i) / q_i(x_i); q_i(x_i) > 0 (sampled from q, or checked above)
-    u_accept = uniforms((n, k))
-    n_accepted = xp.zeros((n,), dtype=xp.int64, device=dev)
-    alive = xp.ones((n,), dtype=xp.bool, device=dev)  # no rejection yet
-    for i in range(k):
-        ratio = xp.take(p[i, :], x[:, i]) / xp.take(q[i, :], x[:, i])
-        alive = xp.logical_and(alive, u_accept[:, i] < ratio)
-        n_accepted = n_accepted + xp.astype(alive, xp.int64)
-
+    # 2. accept x_i iff u_i < p_i(x_i) / q_i(x_i), until the first rejection
+    n_accepted = _accepted(p, q, x, uniforms((n, k)), xp=xp)
     # 3. the final token: residual at the first rejection, or the bonus from p_{K+1}
-    residual = xp.clip(p[:k, :] - q, min=0.0)  # [K, V], unnormalized
-    mass = xp.sum(residual, axis=1, keepdims=True)  # [K, 1]
-    # residual mass <= tol: the rejection happened only through rounding; sample p_i (SPEC §3)
-    final_rows = xp.concat([xp.where(mass > RESIDUAL_MASS_TOL, residual, p[:k, :]), p[k:, :]], axis=0)  # [K+1, V]
-    u_final = uniforms((n,))
-    final = xp.zeros((n,), dtype=xp.int64, device=dev)
-    for i in range(k + 1):  # row i serves the steps whose first rejection is at i (i == K: bonus)
-        drawn = xp.astype(_categorical(xp.cumulative_sum(final_rows[i, :]), u_final, xp=xp), xp.int64)
-        final = xp.where(n_accepted == i, drawn, final)
-
+    final = _final_tokens(p, q, n_accepted, uniforms((n,)), xp=xp)
     # 4. assemble: accepted draft tokens, the final token, then -1 padding
     pad = xp.full((n,), -1, dtype=xp.int64, device=dev)
     cols = []
@@ -221,6 +198,34 @@ def sample_steps(p_target, q_draft, n: int, rng, *, draft_tokens=None) -> StepSa
         draft_col = x[:, i] if i < k else pad
         cols.append(xp.where(n_accepted > i, draft_col, xp.where(n_accepted == i, final, pad)))
     return StepSamples(tokens=xp.stack(cols, axis=1), n_emitted=n_accepted + 1)
+
+
+def _accepted(p, q, x, u_accept, *, xp):
+    """Draft tokens accepted per step; ``q_i(x_i) > 0`` (sampled from q, or checked).  [K+1, V], [K, V], [n, K] x2 -> [n]"""
+    n, k = x.shape
+    n_accepted = xp.zeros((n,), dtype=xp.int64, device=_device(p))
+    alive = xp.ones((n,), dtype=xp.bool, device=_device(p))  # no rejection yet
+    for i in range(k):
+        ratio = xp.take(p[i, :], x[:, i]) / xp.take(q[i, :], x[:, i])
+        alive = xp.logical_and(alive, u_accept[:, i] < ratio)
+        n_accepted = n_accepted + xp.astype(alive, xp.int64)
+    return n_accepted
+
+
+def _final_tokens(p, q, n_accepted, u_final, *, xp):
+    """The token after the accepted ones: residual row ``i`` serves the steps first rejected at ``i``.
+
+    [K+1, V], [K, V], [n], [n] -> [n].  Rows are the unnormalised residuals (``p_i``
+    where the mass is rounding only, SPEC §3) and the bonus row ``p_K``.
+    """
+    k = q.shape[0]
+    residual = residual_weights(p[:k, :], q, xp=xp)  # [K, V], unnormalized
+    final_rows = xp.concat([correction_weights(residual, p[:k, :], xp=xp, exact=False), p[k:, :]], axis=0)
+    final = xp.zeros(n_accepted.shape, dtype=xp.int64, device=_device(p))
+    for i in range(k + 1):  # i == K: the bonus row
+        drawn = categorical(final_rows[i, :], u_final, xp=xp, scaled_coin=True)
+        final = xp.where(n_accepted == i, drawn, final)
+    return final
 
 
 def _token_counts(tokens, v, *, xp):
@@ -240,7 +245,7 @@ def first_token_frequencies(p_target, q_draft, n: int, rng) -> FirstTokenFrequen
     token with law exactly ``p_1 = p_target[0]`` (SPEC §3), so every frequency should lie
     within a few standard errors ``sqrt(p_1 (1 - p_1) / n)`` of ``p_1``; ``max_abs_z`` is
     the largest deviation in standard errors.  For a formal test feed ``counts`` to
-    :func:`specref.verification.stats.g_test`.
+    :func:`specref.verification.statistics.counts.g_test`.
     """
     n = check_positive_int("n", n)
     p_target = _as_float_rows("p_target", p_target, (None, None))

@@ -1,0 +1,855 @@
+"""The batched oracle levels: batched ragged steps and drafts sampled inside the implementation.
+
+SPEC §3 and §6, row by row.  Two levels, listed in :data:`specref.verification.levels.LEVELS`:
+
+- ``"batched"``: ``step_fn(p_target [B, K+1, V], q_draft [B, K, V] | None, draft_tokens [B, K], seed)
+  -> [B, K+1]`` padded with -1 (or ``(tokens, n_emitted)``, or ``(tokens, n_accepted, n_emitted)``).
+  The oracle draws the drafts (from ``q_draft``, or from the case's hidden ``proposal`` when it
+  passes ``q_draft = None``: point-mass drafts); ragged rows carry -1 after their ``k_b`` drafts.
+- ``"draft_and_verify"``: ``step_fn(p_target [B, K+1, V], q_draft [B, K, V], seed) -> [B, K+1]``;
+  the implementation samples its drafts itself, so coupling between draft noise, acceptance
+  coins and recovery noise is in scope.
+
+The criterion is the chain rule of Leviathan et al. (2022, Algorithm 1), per row and with rows
+independent: row ``b`` emits ``(x_1..x_n, y)`` with probability
+``prod_{i<n} a_i(x_i) * (1 - a_n(x_n)) * r_n(y)`` given its drafts (``a = min(1, p/q)``, or ``p``
+for point-mass drafts; ``r`` the residual), ``p_{k_b}(y)`` for the bonus.  Rows here are fixed
+per position (they do not depend on the drafted prefix), so the law of every row is in closed
+form (:func:`row_law`, independent of :mod:`specref.decoding.batched`).  A lossless verifier
+with another block law (block verification) is a different contract and differs here.
+
+Modes:
+
+- exact: ``seed`` is the enumerating generator (:mod:`specref.verification.laws.enumeration`), rows are the
+  case's ``Fraction`` arrays; the joint law of (drafts, output) of every row is compared with the
+  product of the rows' closed forms.  ``BatchedCase.grid = 24`` puts the coins on the float32 grid,
+  so an inclusive ``u <= t`` test is an exact, nonzero TV.
+- statistical: ``seed`` is an int; one call yields B samples.  The case's rows are tiled into
+  calls of at most ``memory_budget`` bytes and at most one block of
+  :data:`specref.verification.statistics.shards.BLOCK` copies, handed over as float32 NumPy or torch arrays
+  (``BatchedCase.array``).  Block ``j`` draws from its own ``SeedSequence`` child and blocks run in
+  shards on any executor (``Settings.executor``), so a verdict and its numbers do not depend on the
+  worker count or the shard size; the outputs are reduced to low-dimensional statistics whose exact
+  laws are computed per case (:func:`statistics_nulls`): the accepted length; length x final-token
+  bucket; rejected draft x residual draw (batched level); the residual draw by the residual's own
+  quantiles, with a category for tokens outside its support; the emitted token per position bucketed
+  by target-probability quantiles; seeded random hash buckets of (position, token); and the
+  accepted lengths of disjoint row pairs at batch distance 1 and 2 (rows must be independent).
+  Each is G-tested at ``alpha / m`` (Bonferroni over the ``m`` statistics of the case); N per row
+  is the largest that any statistic needs to detect ``detect_tv`` with power 0.9 at that level,
+  and the report states the TV each statistic can detect at N.
+
+Malformed outputs get ``invalid output`` naming the row: a placeholder before a real token, a
+count that disagrees with the tokens, an id outside ``0..V-1``, a row longer than ``k_b + 1``,
+an accepted position that is not the draft token, a wrong dtype or shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass, replace
+from functools import partial
+from fractions import Fraction
+
+import numpy as np
+
+from specref.core.backend import to_host
+from specref.core.errors import SpecrefError
+from specref.core.step import residual_weights
+from specref.decoding.batched import PLACEHOLDER, batched_draft_and_verify, batched_step
+from specref.verification.running.calling import Misbehaved, call, case_budget
+from specref.verification.laws.enumeration import compare, law
+from specref.verification.levels.runner import PILOT, run_cases, samples_in_budget
+from specref.verification.running.level import Level
+from specref.verification.running.progress import progress_bar
+from specref.verification.running.report import DIFFERS, INVALID, OK, CaseResult, Report, Settings, law_verdict
+from specref.verification.statistics.shards import BLOCK, Tally, block_rng, tally
+from specref.verification.statistics.counts import compare_counts, planned_power, samples_needed
+
+__all__ = [
+    "BatchedCase",
+    "row_law",
+    "parse_output",
+    "statistics_nulls",
+    "default_batched_cases",
+    "large_vocab_case",
+    "run_batched",
+]
+
+MEMORY_BUDGET = 1 << 26  # bytes of input rows per call in statistical mode (64 MiB; the reference holds ~6x that)
+_BUCKETS = 8  # target-probability quantile buckets per position
+_PAIR_BUCKETS = 4  # buckets of the rejected draft and of the residual draw
+_HASH_BUCKETS = 16  # seeded hash buckets of (position, token)
+_OUTSIDE = 1e-9  # residual mass at most this times the row's largest counts as outside its support
+MAX_SAMPLES = 2_000_000  # statistical mode: N per row is capped here
+
+
+@dataclass(frozen=True)
+class BatchedCase:
+    """One batch: plain data that reproduces a verdict.
+
+    ``p_target`` [B, K+1, V] and ``q_draft`` [B, K, V] hold Fractions (exact) or float64.
+    ``q_draft = None`` hands the implementation point-mass drafts drawn from ``proposal``.
+    ``num_draft`` (per-row ``k_b``) makes rows ragged.
+    """
+
+    name: str
+    p_target: np.ndarray  # [B, K+1, V]
+    q_draft: np.ndarray | None  # [B, K, V] or None (point-mass drafts)
+    proposal: np.ndarray | None = None  # [B, K, V]: the drafts' law when q_draft is None
+    num_draft: tuple | None = None  # k_b per row (None: K for every row)
+    grid: int | None = None  # exact mode: coins on the grid k 2^-grid (24: float32 coins)
+    array: str = "numpy"  # statistical mode: "numpy" or "torch" arrays for the implementation
+    dtype: str = "float32"  # statistical mode: the rows' dtype ("float32" or "float64")
+    memory_budget: int = MEMORY_BUDGET  # statistical mode: bytes of input rows per call
+    device: str | None = None  # statistical mode, torch arrays: the device they are put on ("cuda")
+
+    @property
+    def shape(self):
+        return tuple(self.p_target.shape)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.p_target.shape[2]
+
+    @property
+    def k(self) -> np.ndarray:
+        B, K1, _ = self.p_target.shape
+        return np.full(B, K1 - 1, dtype=np.int64) if self.num_draft is None else np.array(self.num_draft, dtype=np.int64)
+
+    @property
+    def drafts_from(self) -> np.ndarray:
+        return self.q_draft if self.q_draft is not None else self.proposal
+
+    @property
+    def exact(self) -> bool:
+        return self.p_target.dtype == object
+
+    def as_float(self) -> "BatchedCase":
+        f = lambda a: None if a is None else np.asarray(a, dtype=np.float64)  # noqa: E731
+        return replace(self, p_target=f(self.p_target), q_draft=f(self.q_draft), proposal=f(self.proposal))
+
+    def __repr__(self):
+        B, K1, V = self.shape
+        return (f"BatchedCase({self.name!r}, B={B}, K={K1 - 1}, V={V}, point_mass={self.q_draft is None}, "
+                f"num_draft={self.num_draft}, grid={self.grid})")
+
+
+def _validate_case(level: str, case):
+    if not isinstance(case, BatchedCase):
+        raise SpecrefError(f"cases of the {level} level must be BatchedCase objects, got {case!r}")
+    B, K1, V = case.shape
+    if case.q_draft is None:
+        if level == "draft_and_verify":
+            raise SpecrefError(f"case {case.name!r}: the draft_and_verify level needs q_draft (it samples from it)")
+        if case.proposal is None or case.proposal.shape != (B, K1 - 1, V):
+            raise SpecrefError(f"case {case.name!r}: point-mass drafts need proposal [B, K, V] = [{B}, {K1 - 1}, {V}]")
+    elif case.q_draft.shape != (B, K1 - 1, V):
+        raise SpecrefError(f"case {case.name!r}: q_draft shape {case.q_draft.shape} != [{B}, {K1 - 1}, {V}]")
+    k = case.k
+    if k.shape != (B,) or (k < 0).any() or (k > K1 - 1).any():
+        raise SpecrefError(f"case {case.name!r}: num_draft must be B = {B} counts in 0..{K1 - 1}, got {case.num_draft}")
+    if case.array not in ("numpy", "torch") or case.dtype not in ("float32", "float64"):
+        raise SpecrefError(f"case {case.name!r}: array must be 'numpy' or 'torch' and dtype 'float32' or "
+                           f"'float64', got {case.array!r}, {case.dtype!r}")
+
+
+# ---------------------------------------------------------------- exact laws (closed form)
+
+
+def _row_parts(case, b):
+    """Row ``b``'s rows: ``(p [K+1, V], q [K, V] or None, d [K, V])`` -- the target, the draft
+    the acceptance test divides by (None: point-mass drafts) and the law the drafts are drawn
+    from (``q_draft``, or ``proposal`` for point-mass drafts)."""
+    p, d = case.p_target[b], case.drafts_from[b]
+    q = None if case.q_draft is None else case.q_draft[b]
+    return p, q, d
+
+
+def _accept(p_i, q_i, x):
+    if q_i is None:
+        return p_i[x]
+    r = p_i[x] / q_i[x]
+    return r if r < 1 else r * 0 + 1
+
+
+def _residual(p_i, q_i, x):
+    """The correction's law after rejecting draft ``x`` at this position.  # [V]"""
+    if q_i is None:
+        w = np.array([v if j != x else v * 0 for j, v in enumerate(p_i)], dtype=p_i.dtype)
+    else:
+        w = np.array([a - b if a > b else a * 0 for a, b in zip(p_i, q_i)], dtype=p_i.dtype)
+    total = w.sum()
+    return w / total if total > 0 else p_i
+
+
+def row_law(case: BatchedCase, b: int, *, with_drafts: bool = True) -> dict:
+    """Exact law of row ``b``: ``{(drafts, emitted): P}`` (or ``{emitted: P}``), by the chain rule.
+
+    Enumerates the ``V^k_b`` draft tuples; for small cases only (exact mode).
+    """
+    p, q, d = _row_parts(case, b)
+    k, V = int(case.k[b]), case.vocab_size
+    out: dict = {}
+
+    def add(key, w):
+        if w > 0:
+            out[key] = out.get(key, 0) + w
+
+    for drafts in np.ndindex(*([V] * k)) if k else [()]:
+        pd = 1
+        for i, x in enumerate(drafts):
+            pd = pd * d[i][x]
+        if not pd > 0:
+            continue
+        reach = pd
+        for n in range(k + 1):
+            if n == k:
+                for y in range(V):
+                    key = (drafts, drafts + (y,)) if with_drafts else drafts + (y,)
+                    add(key, reach * p[k][y])
+                break
+            a = _accept(p[n], None if q is None else q[n], drafts[n])
+            reject = reach * (1 - a)
+            if reject > 0:
+                r = _residual(p[n], None if q is None else q[n], drafts[n])
+                for y in range(V):
+                    key = (drafts, drafts[:n] + (y,)) if with_drafts else drafts[:n] + (y,)
+                    add(key, reject * r[y])
+            reach = reach * a
+            if not reach > 0:
+                break
+    return out
+
+
+# ---------------------------------------------------------------- output checks
+
+
+def parse_output(out, B, K, V, k, drafts=None, *, placeholder=PLACEHOLDER, what="step_fn"):
+    """Validate a batched output; host ``(tokens [B, K+1] int64, n_emitted [B])`` or ``Misbehaved``.
+
+    ``out``: ``[B, K+1]`` ids, or ``(tokens, n_emitted)``, or ``(tokens, n_accepted, n_emitted)``,
+    any array backend.  ``drafts`` [B, K]: the accepted positions must hold them.
+    """
+    counts = ()
+    if isinstance(out, tuple) and len(out) in (2, 3) and getattr(out[0], "ndim", None) == 2:
+        out, counts = out[0], tuple(out[1:])
+    dtype = str(getattr(out, "dtype", ""))
+    try:
+        tokens = to_host(out) if hasattr(out, "shape") else np.asarray(out)
+    except Exception as e:  # noqa: BLE001 - an unconvertible output is the implementation's
+        raise Misbehaved(INVALID, f"{what} returned {type(out).__name__} that is not an array: {e}") from None
+    if tokens.dtype.kind not in "iu":
+        raise Misbehaved(INVALID, f"{what} returned ids of dtype {dtype or tokens.dtype}; ids must be integers")
+    if tokens.shape != (B, K + 1):
+        raise Misbehaved(INVALID, f"{what} returned shape {tuple(tokens.shape)}; expected [B, K+1] = [{B}, {K + 1}]")
+    tokens = tokens.astype(np.int64)
+    real = tokens != placeholder
+    gap = real[:, 1:] & ~real[:, :-1]
+    if gap.any():
+        b, j = map(int, np.argwhere(gap)[0])
+        raise Misbehaved(INVALID, f"row {b}: placeholder at position {j} before the real token "
+                                  f"{tokens[b, j + 1]} at position {j + 1}: {tokens[b].tolist()}")
+    bad = real & ((tokens < 0) | (tokens >= V))
+    if bad.any():
+        b, j = map(int, np.argwhere(bad)[0])
+        raise Misbehaved(INVALID, f"row {b}: id {tokens[b, j]} at position {j} is outside the vocabulary "
+                                  f"0..{V - 1}: {tokens[b].tolist()}")
+    n = real.sum(axis=1)
+    if (n == 0).any():
+        b = int(np.argmax(n == 0))
+        raise Misbehaved(INVALID, f"row {b}: no token emitted (every step emits at least one)")
+    long = n > k + 1
+    if long.any():
+        b = int(np.argmax(long))
+        raise Misbehaved(INVALID, f"row {b}: {n[b]} tokens emitted, but the row has {k[b]} drafts "
+                                  f"(at most {k[b] + 1}): {tokens[b].tolist()}")
+    if drafts is not None and K:
+        accepted = np.arange(K)[None, :] < (n - 1)[:, None]
+        wrong = accepted & (tokens[:, :K] != drafts)
+        if wrong.any():
+            b, j = map(int, np.argwhere(wrong)[0])
+            raise Misbehaved(INVALID, f"row {b}: accepted position {j} holds {tokens[b, j]}, not the draft "
+                                      f"token {drafts[b, j]}")
+    names = ("n_emitted",) if len(counts) == 1 else ("n_accepted", "n_emitted")
+    for name, c in zip(names, counts):
+        c = to_host(c).reshape(-1)
+        want = n - 1 if name == "n_accepted" else n
+        if c.shape != (B,) or (c.astype(np.int64) != want).any():
+            b = 0 if c.shape != (B,) else int(np.argmax(c.astype(np.int64) != want))
+            got = c.tolist() if c.shape != (B,) else int(c[b])
+            raise Misbehaved(INVALID, f"row {b}: {name} = {got} disagrees with the tokens "
+                                      f"({int(want[b])}): {tokens[b].tolist()}")
+    return tokens, n
+
+
+# ---------------------------------------------------------------- exact mode
+
+
+def _draw_drafts_exact(rng, case):
+    d, k = case.drafts_from, case.k
+    B, K, V = d.shape
+    x = np.full((B, K), PLACEHOLDER, dtype=np.int64)
+    for b in range(B):
+        for i in range(int(k[b])):
+            x[b, i] = rng.choice(V, p=d[b, i])
+    return x
+
+
+def _exact_case(level, fn, case, settings):
+    B, K1, V = case.shape
+    K, k = K1 - 1, case.k
+    with_drafts = level == "batched"
+
+    def program(rng):
+        if with_drafts:
+            x = _draft_input(_draw_drafts_exact(rng, case), k)
+            args = (case.p_target.copy(), None if case.q_draft is None else case.q_draft.copy(), x.copy(), rng)
+        else:
+            x = None
+            args = (case.p_target.copy(), case.q_draft.copy(), rng)
+        out = call(fn, args, {}, settings.time_limit)
+        tokens, n = parse_output(out, B, K, V, k, x)
+        rows = tuple(tuple(int(t) for t in tokens[b, :n[b]]) for b in range(B))
+        if with_drafts:
+            rows = tuple((tuple(int(t) for t in x[b, :k[b]]), rows[b]) for b in range(B))
+        return rows
+
+    try:
+        got = law(program, grid=case.grid, max_paths=getattr(settings, "max_paths", 10**6))
+    except Misbehaved as m:
+        return CaseResult(case, m.status, detail=m.detail)
+    expected = {(): Fraction(1) if case.exact else 1.0}
+    for b in range(B):  # rows independent: the product of the rows' laws
+        rl = row_law(case, b, with_drafts=with_drafts) if case.grid is None else _grid_row_law(case, b, with_drafts)
+        expected = {key + (o,): w * v for key, w in expected.items() for o, v in rl.items()}
+    return law_verdict(case, compare(got, expected), settings.tolerance, label="rows, got, expected", top=2)
+
+
+def _grid_row_law(case, b, with_drafts):
+    """Row ``b``'s law when every coin lies on the grid ``k 2^-grid``: the reference enumerated.
+
+    On the grid ``P(u < t)`` is ``t`` rounded up to the grid, so the closed form no longer holds
+    exactly; the reference (:func:`specref.decoding.batched.batched_step`, strict ``u < p/q`` and
+    inverse-CDF draws ``cdf / total <= u``) enumerated under the same grid is the expected law.
+    """
+    p = case.p_target[b:b + 1]
+    q = None if case.q_draft is None else case.q_draft[b:b + 1]
+    d, k = case.drafts_from[b:b + 1], case.k[b:b + 1]
+
+    def program(rng):
+        if not with_drafts:  # the draft-and-verify reference draws its drafts with grid coins too
+            steps = batched_draft_and_verify(p, q, rng)
+            return tuple(int(t) for t in steps.tokens[0, :int(steps.n_emitted[0])])
+        x = np.full((1, d.shape[1]), PLACEHOLDER, dtype=np.int64)
+        for i in range(int(k[0])):
+            x[0, i] = rng.choice(d.shape[2], p=d[0, i])
+        steps = batched_step(p, q, x, rng, num_draft=k)
+        out = tuple(int(t) for t in steps.tokens[0, :int(steps.n_emitted[0])])
+        return tuple(int(t) for t in x[0, :int(k[0])]), out
+
+    return law(program, grid=case.grid)
+
+
+def _draft_input(x, k):
+    return np.where(np.arange(x.shape[1])[None, :] < k[:, None], x, PLACEHOLDER)
+
+
+# ---------------------------------------------------------------- statistics and their exact laws
+
+
+def _mass_buckets(w, n_buckets):
+    """Contiguous index ranges of about equal mass under ``w``.  # [V] -> [V] bucket ids"""
+    total = w.sum()
+    if not total > 0:
+        return np.zeros(w.shape[0], dtype=np.int64)
+    cdf = np.cumsum(w) / total
+    prev = np.concatenate([[0.0], cdf[:-1]])
+    return np.minimum((prev * n_buckets).astype(np.int64), n_buckets - 1)  # bucket of each token's left edge
+
+
+def _quantile_buckets(p, n_buckets):
+    """Tokens sorted by target probability, cut into ``n_buckets`` groups of about equal mass.  # [V] -> [V]"""
+    order = np.argsort(-p, kind="stable")
+    ids = np.empty(p.shape[0], dtype=np.int64)
+    ids[order] = _mass_buckets(p[order], n_buckets)
+    return ids
+
+
+def _hash_buckets(V, position, n_buckets, salt):
+    """Seeded random bucket of every (position, token): blake2b of (salt, position).  # -> [V]"""
+    seed = int.from_bytes(hashlib.blake2b(f"{salt}:{position}".encode(), digest_size=8).digest(), "little")
+    return np.random.default_rng(seed).integers(n_buckets, size=V)
+
+
+@dataclass
+class _Stat:
+    name: str  # what it measures, with the row(s)
+    null: np.ndarray  # [categories] exact law
+    code: object  # (tokens, n, drafts, rows) -> category per sample of its rows
+    rows: tuple  # row types it reads (b,) or (a, b) for a pair at distance `distance`
+    distance: int = 0
+
+
+def statistics_nulls(case: BatchedCase, level: str, *, salt: int = 0) -> list:
+    """The low-dimensional statistics of a case and their exact laws (float64, from the closed form)."""
+    f = case.as_float()
+    B, K1, V = f.shape
+    stats = []
+    lengths = []
+    for b in range(B):
+        r = _row_chain(f, b)
+        lengths.append(r.length)
+        stats.append(_Stat(f"accepted length [row {b}]", r.length, lambda t, n, x: n - 1, (b,)))
+        stats.append(_length_by_final_bucket(r, b))
+        if level == "batched" and r.k:  # the drafts are the oracle's: batched level
+            stats.append(_rejected_draft_by_residual_draw(r, b))
+        if r.k:
+            stats.append(_residual_support(r, b))
+        stats.extend(_token_by_target_quantile(r, b))
+        stats.append(_hash_of_final_token(r, b, V, salt))
+    return stats + _row_pair_lengths(lengths, B)
+
+
+@dataclass
+class _RowChain:
+    """Row ``b``'s chain rule, per position, as the statistics' nulls need it (float64)."""
+
+    k: int  # drafts of the row
+    p: np.ndarray  # [K+1, V] target rows
+    q: np.ndarray | None  # [K, V] draft rows (None: point-mass drafts)
+    d: np.ndarray  # [K, V] the drafts' law
+    alpha: list  # [k] acceptance probability per position
+    w: list  # [k+1] x [V]: P(reject at n & y) per position n < k, then the bonus row p[k]
+    e: list  # [k] x [V]: P(draft z & reject) per position
+    reach: np.ndarray  # [k+1]: A_n = P(L >= n)
+    length: np.ndarray  # [k+1]: the law of the accepted length L
+
+
+def _row_chain(f: BatchedCase, b: int) -> _RowChain:
+    k = int(f.k[b])
+    p, q, d = _row_parts(f, b)
+    alpha, w, e = [], [], []  # per position: acceptance, P(reject & y) [V], P(draft z & reject) [V]
+    for i in range(k):
+        if q is None:
+            acc = d[i] * p[i]
+            w.append(p[i] * (1 - d[i]))
+            e.append(d[i] * (1 - p[i]))
+        else:
+            acc = np.minimum(p[i], q[i])
+            w.append(residual_weights(p[i], q[i]))  # the residual's weights
+            e.append(residual_weights(q[i], p[i]))  # the rejection mass's weights
+        alpha.append(acc.sum())
+    reach = np.cumprod([1.0] + alpha)  # A_n = P(L >= n), n = 0..k
+    w.append(p[k])
+    length = np.array([reach[n] * (1 - alpha[n]) if n < k else reach[k] for n in range(k + 1)])
+    return _RowChain(k, p, q, d, alpha, w, e, reach, length / length.sum())
+
+
+def _length_by_final_bucket(r: _RowChain, b: int) -> _Stat:
+    """Length x final-token bucket (contiguous equal-mass ranges of the final law at each length)."""
+    fb = [_mass_buckets(r.w[n], _BUCKETS) for n in range(r.k + 1)]
+    null = np.concatenate([[r.reach[n] * r.w[n][fb[n] == c].sum() for c in range(_BUCKETS)] for n in range(r.k + 1)])
+    table = np.stack(fb)  # [k+1, V]
+    return _Stat(f"length x final-token bucket [row {b}]", null / null.sum(),
+                 lambda t, n, x, table=table: (n - 1) * _BUCKETS + table[n - 1, t[np.arange(len(n)), n - 1]], (b,))
+
+
+def _rejected_draft_by_residual_draw(r: _RowChain, b: int) -> _Stat:
+    """Rejected draft bucket x residual-draw bucket at the rejected position; one category for none."""
+    k, p, d, e, w, reach, alpha = r.k, r.p, r.d, r.e, r.w, r.reach, r.alpha
+    zb = [_mass_buckets(e[n], _PAIR_BUCKETS) for n in range(k)]
+    yb = [_mass_buckets(w[n], _PAIR_BUCKETS) for n in range(k)]
+    cells = []
+    for n in range(k):
+        for cz in range(_PAIR_BUCKETS):
+            for cy in range(_PAIR_BUCKETS):
+                Z, Y = zb[n] == cz, yb[n] == cy
+                if r.q is None:  # the residual excludes the rejected draft itself
+                    cell = d[n][Z].sum() * p[n][Y].sum() - (d[n] * p[n])[Z & Y].sum()
+                else:
+                    cell = e[n][Z].sum() * w[n][Y].sum() / max(1 - alpha[n], 1e-300)
+                cells.append(reach[n] * max(cell, 0.0))
+    cells.append(reach[k])
+    null = np.array(cells)
+    zt, yt = np.stack(zb), np.stack(yb)
+
+    def pair_code(t, n, x, k=k, zt=zt, yt=yt):
+        m = n - 1  # accepted
+        rej = m < k
+        mm = np.minimum(m, k - 1)
+        z = x[np.arange(len(n)), mm]
+        y = t[np.arange(len(n)), m]
+        code = (mm * _PAIR_BUCKETS + zt[mm, np.maximum(z, 0)]) * _PAIR_BUCKETS + yt[mm, y]
+        return np.where(rej, code, k * _PAIR_BUCKETS * _PAIR_BUCKETS)
+
+    return _Stat(f"rejected draft x residual draw [row {b}]", null / null.sum(), pair_code, (b,))
+
+
+def _residual_support(r: _RowChain, b: int) -> _Stat:
+    """The residual draw by the residual's own quantiles, with one more category for the tokens the
+    residual excludes (w = 0: a correct residual never draws them; a residual built from the wrong
+    rows does, however little its draws move the other statistics)."""
+    k, w, reach = r.k, r.w, r.reach
+    rb = []
+    for n in range(k):
+        outside = w[n] <= _OUTSIDE * w[n].max()
+        if r.q is not None:  # and outside in float32 too: rows engines get rounded may not flip a sign
+            p32, q32 = (a.astype(np.float32).astype(np.float64) for a in (r.p[n], r.q[n]))
+            w32 = residual_weights(p32 / p32.sum(), q32 / q32.sum())
+            outside &= w32 <= _OUTSIDE * w32.max()
+        ids = _quantile_buckets(np.where(outside, 0.0, w[n]), _BUCKETS)
+        rb.append(np.where(outside, _BUCKETS, ids))  # [V]: 0.._BUCKETS-1 inside, _BUCKETS outside
+    rt = np.stack(rb)  # [k, V]
+    null = np.concatenate([[reach[n] * w[n][rt[n] == c].sum() for c in range(_BUCKETS + 1)] for n in range(k)]
+                          + [[reach[k]]])
+
+    def support_code(t, n, x, k=k, rt=rt):
+        m = n - 1  # accepted; m < k: rejected at position m, t[m] is the residual draw
+        mm = np.minimum(m, k - 1)
+        code = mm * (_BUCKETS + 1) + rt[mm, t[np.arange(len(n)), mm]]
+        return np.where(m < k, code, k * (_BUCKETS + 1))
+
+    return _Stat(f"residual draw by residual quantile, outside-support category [row {b}]",
+                 np.maximum(null, 0) / np.maximum(null, 0).sum(), support_code, (b,))
+
+
+def _token_by_target_quantile(r: _RowChain, b: int) -> list:
+    """The emitted token per position, bucketed by target-probability quantiles; category 0: not reached."""
+    stats = []
+    for j in range(r.k + 1):
+        qb = _quantile_buckets(r.p[j], _BUCKETS)
+        null = np.concatenate([[1 - r.reach[j]], [r.reach[j] * r.p[j][qb == c].sum() for c in range(_BUCKETS)]])
+        stats.append(_Stat(f"token at position {j} by target quantile [row {b}]",
+                           np.maximum(null, 0) / np.maximum(null, 0).sum(),
+                           lambda t, n, x, j=j, qb=qb: np.where(n > j, 1 + qb[np.maximum(t[:, j], 0)], 0), (b,)))
+    return stats
+
+
+def _hash_of_final_token(r: _RowChain, b: int, V: int, salt: int) -> _Stat:
+    """Seeded hash buckets of (position, final token)."""
+    hb = np.stack([_hash_buckets(V, n, _HASH_BUCKETS, salt) for n in range(r.k + 1)])
+    null = np.concatenate([[r.reach[n] * r.w[n][hb[n] == c].sum() for c in range(_HASH_BUCKETS)]
+                           for n in range(r.k + 1)])
+    return _Stat(f"hash of (position, final token) [row {b}]", null / null.sum(),
+                 lambda t, n, x, hb=hb: (n - 1) * _HASH_BUCKETS + hb[n - 1, t[np.arange(len(n)), n - 1]], (b,))
+
+
+def _row_pair_lengths(lengths: list, B: int) -> list:
+    """Accepted lengths of disjoint row pairs in the tiled batch (row i and i + distance, distance 1 and 2)."""
+    stats = []
+    for dist in (1, 2):
+        seen = set()
+        for i in range(2 * dist * B):  # the pattern of row types repeats every lcm(B, 2 dist) rows
+            a, c = i % B, (i + dist) % B
+            if (i // dist) % 2 or (a, c) in seen:
+                continue
+            seen.add((a, c))
+            null = np.outer(lengths[a], lengths[c]).reshape(-1)
+            stats.append(_Stat(f"accepted lengths of rows {a} and {c} at batch distance {dist}", null,
+                               lambda la, lb, ka=len(lengths[c]): la * ka + lb, (a, c), dist))
+    return stats
+
+
+def _pair_indices(total_rows, B, dist, a, c):
+    """Disjoint pairs (i, i + dist) with i // dist even, row types (a, c).  # -> [pairs], [pairs]"""
+    i = np.arange(total_rows - dist)
+    keep = ((i // dist) % 2 == 0) & (i % B == a) & ((i + dist) % B == c)
+    return i[keep], i[keep] + dist
+
+
+# ---------------------------------------------------------------- statistical mode
+
+
+def _as_array(a, kind, dtype, device=None):
+    if a is None:
+        return None
+    if kind == "torch":
+        import torch  # the torch path is optional: imported where it is used
+
+        t = torch.from_numpy(np.ascontiguousarray(a.astype(dtype)))
+        return t if device is None else t.to(device)
+    return np.ascontiguousarray(a.astype(dtype))
+
+
+def _statistical_case(level, fn, case, settings, seed):
+    """N batch draws in shards (:mod:`specref.verification.statistics.shards`: any executor, same numbers),
+    each statistic's counts merged exactly, then G-tests at ``alpha / m`` (SPEC §6)."""
+    started = time.perf_counter()
+    f = case.as_float()
+    stats = statistics_nulls(f, level, salt=seed)
+    m = len(stats)
+    level_alpha = settings.alpha / m
+    outcomes = tuple((j, c) for j, s in enumerate(stats) for c in range(len(s.null)))  # each statistic's bins in turn
+    if settings.samples:
+        n_rows = settings.samples
+    elif settings.budget_s is not None:  # a timed pilot of one call of PILOT copies, then what the budget buys
+        pilot = _Recipe(level, fn, case, settings.time_limit, seed, _copies_per_call(case, PILOT))
+        n_rows = samples_in_budget(lambda m: tally(pilot, outcomes, m, seed, run_blocks=_count_blocks),
+                                   settings, started, most=MAX_SAMPLES)
+    else:
+        n_rows = max(samples_needed(settings.detect_tv, level_alpha, 0.9, max(2, len(s.null)), null=_plan_null(s.null))
+                     for s in stats if (s.null > 0).sum() >= 2)
+        n_rows = min(n_rows, MAX_SAMPLES)
+    recipe = _Recipe(level, fn, case, settings.time_limit, seed, _copies_per_call(case, n_rows))
+    here = time.perf_counter() - started
+    with progress_bar(n_rows, case.name, enabled=settings.progress) as bar:
+        t = tally(recipe, outcomes, n_rows, seed, executor=settings.executor, shard_blocks=settings.shard_blocks,
+                  progress=bar, store=settings.shard_store, run_blocks=_count_blocks)
+    if t.misbehaved:
+        return CaseResult(case, t.misbehaved[1], detail=t.misbehaved[2])
+    t0 = time.perf_counter()
+    counts = np.split(t.counts[:-1], np.cumsum([len(s.null) for s in stats])[:-1])  # [m] arrays; the last bin stays 0
+    # a statistic with no samples (row pairs in a one-row call) is not tested; m stays the planned count
+    tested = [j for j in range(m) if counts[j].sum() > 0]
+    results = {j: compare_counts(counts[j], stats[j].null, alpha=level_alpha) for j in tested}
+    worst = min(tested, key=lambda j: results[j].g.p_value)
+    r, s = results[worst], stats[worst]
+    adjusted = min(1.0, r.g.p_value * m)
+    n_used = int(counts[worst].sum())
+    detectable = _detectable(stats, counts, level_alpha)
+    fn_time = t.seconds.get("implementation", 0.0)
+    overhead = here + time.perf_counter() - t0 + t.seconds.get("shards", 0.0) - fn_time  # summed over the shards
+    calls = _calls(n_rows, recipe.copies)
+    detail = (f"{m} statistics, Bonferroni alpha/{m}; most significant: {s.name}: {r.g}; "
+              f"adjusted p = {adjusted:.3g}; TV detectable at N (power 0.9): {detectable}; "
+              f"{calls} calls of up to {recipe.copies * f.shape[0]} rows; oracle overhead {overhead:.2f} s, "
+              f"implementation {fn_time:.2f} s")
+    rejected = any(x.rejected for x in results.values())
+    seconds = {"implementation": fn_time / n_rows, "oracle": max(0.0, overhead) / n_rows}
+    return CaseResult(case, DIFFERS if rejected else OK, tv=r.tv.estimate, detail=detail, n_samples=n_used,
+                      p_value=adjusted, tv_interval=(r.tv.lower, r.tv.upper),
+                      detectable_tv=_detectable_tvs(stats, counts, level_alpha)[0], seconds_per_sample=seconds)
+
+
+def _copies_per_call(case, n_rows):
+    """Copies of the case's B rows per call: at most ``memory_budget`` bytes of rows and at most one
+    block, so that a call never spans two blocks (a shard is whole blocks, whatever its size)."""
+    B, K1, V = case.shape
+    bytes_per_copy = B * (2 * K1 - 1) * V * np.dtype(case.dtype).itemsize
+    return int(max(1, min(BLOCK, n_rows, case.memory_budget // max(bytes_per_copy, 1))))
+
+
+def _calls(n, copies):
+    """Calls of at most ``copies`` copies that cover ``n`` draws block by block."""
+    full, last = divmod(n, BLOCK)
+    return full * math.ceil(BLOCK / copies) + math.ceil(last / copies)
+
+
+class _Recipe:
+    """What a shard needs to draw a case's batches, built where the shard runs: plain data
+    and the implementation travel (pickle or cloudpickle); the tiled arrays and the
+    statistics (closures) are built there, once per process, and never sent."""
+
+    def __init__(self, level, fn, case, time_limit, salt, copies):
+        self.level, self.fn, self.case, self.time_limit, self.salt, self.copies = (
+            level, fn, case, time_limit, salt, copies)
+        self._runner = None
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_runner"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _runner=None)
+
+    def __call__(self) -> "_Runner":
+        if self._runner is None:
+            self._runner = _Runner(self)
+        return self._runner
+
+
+class _Runner:
+    """One case's batches: call ``fn`` on ``size`` tiled copies of the rows, count the statistics."""
+
+    def __init__(self, recipe: _Recipe):
+        case, self.level, self.fn, self.time_limit = recipe.case, recipe.level, recipe.fn, recipe.time_limit
+        f = case.as_float()
+        self.B, K1, self.V = f.shape
+        self.K, self.k, self.case, self.copies = K1 - 1, f.k, case, recipe.copies
+        self.stats = statistics_nulls(f, self.level, salt=recipe.salt)
+        tile = lambda a: _as_array(np.tile(a, (self.copies, 1, 1)), case.array, case.dtype, case.device)  # noqa: E731
+        self.p_in = tile(f.p_target)  # [copies B, K+1, V]
+        self.q_in = None if f.q_draft is None else tile(f.q_draft)  # [copies B, K, V]
+        self.draft_cdf = None
+        if self.level == "batched":
+            cdf = np.cumsum(f.drafts_from, axis=2)  # [B, K, V]
+            self.draft_cdf = cdf / cdf[:, :, -1:]
+
+    def call(self, gen, size, counts) -> float:
+        """One call on ``size`` copies, drawn from ``gen`` (call seed, then drafts); adds to ``counts``.
+        Returns the seconds spent inside the implementation."""
+        B, K, V, k = self.B, self.K, self.V, self.k
+        rows = B * size
+        p_in = self.p_in if size == self.copies else self.p_in[:rows]
+        q_in = None if self.q_in is None else (self.q_in if size == self.copies else self.q_in[:rows])
+        call_seed = int(gen.integers(2 ** 63))
+        if self.level == "batched":
+            x = np.full((rows, K), PLACEHOLDER, dtype=np.int64)  # [B size, K]
+            u = gen.random((size, B, K))
+            for b in range(B):
+                for i in range(int(k[b])):
+                    x[b::B, i] = np.minimum(np.searchsorted(self.draft_cdf[b, i], u[:, b, i], side="right"), V - 1)
+            x_in = x if self.case.array == "numpy" else _as_array(x, "torch", np.int64, self.case.device)
+            args = (p_in, q_in, x_in, call_seed)
+        else:
+            x = None
+            args = (p_in, q_in, call_seed)
+        t0 = time.perf_counter()
+        out = call(self.fn, args, {}, self.time_limit)
+        spent = time.perf_counter() - t0
+        tokens, n = parse_output(out, rows, K, V, np.tile(k, size), x)
+        _count(self.stats, counts, tokens, n, x, B)
+        return spent
+
+
+def _count_blocks(recipe, outcomes, seed, first, stop, n, budget=math.inf) -> Tally:
+    """Blocks ``first..stop-1`` of an ``n``-draw case (runs in a shard's worker, or here).
+
+    Block ``j`` draws from :func:`specref.verification.statistics.shards.block_rng` ``(seed, j)``, its
+    draws cut into calls of ``recipe.copies`` copies (the last call of a block may be
+    shorter), so its counts do not depend on the shard it is in.  The tally's bins are
+    the statistics' categories in turn; a misbehaviour is kept with the first draw of its call.
+    """
+    with case_budget(budget):
+        started = time.perf_counter()
+        runner = recipe()
+        counts = [np.zeros(len(s.null), dtype=np.int64) for s in runner.stats]
+        done, fn_time, bad = 0, 0.0, None
+        try:
+            for j in range(first, stop):
+                gen = block_rng(seed, j)
+                end = min(n, (j + 1) * BLOCK)
+                for s in range(j * BLOCK, end, runner.copies):
+                    size = min(runner.copies, end - s)
+                    fn_time += runner.call(gen, size, counts)
+                    done += size
+        except Misbehaved as m:
+            bad = (s, m.status, m.detail)
+        flat = np.concatenate(counts + [np.zeros(1, dtype=np.int64)])  # [len(outcomes) + 1]
+        return Tally(flat, {}, done, bad, {"implementation": fn_time, "shards": time.perf_counter() - started})
+
+
+def _plan_null(null):
+    null = np.asarray(null, dtype=np.float64)
+    return null / null.sum()
+
+
+def _detectable_tvs(stats, counts, level_alpha):
+    """``(smallest, largest)`` TV the statistics detect at their N (power 0.9); ``(inf, inf)`` if none can."""
+    tvs = [_detectable_tv(int(c.sum()), level_alpha, len(s.null), _plan_null(s.null))
+           for s, c in zip(stats, counts) if (s.null > 0).sum() >= 2 and c.sum() > 0]
+    return (min(tvs), max(tvs)) if tvs else (math.inf, math.inf)
+
+
+def _detectable(stats, counts, level_alpha):
+    """The smallest and largest TV the statistics detect at their N (power 0.9), as words."""
+    lo, hi = _detectable_tvs(stats, counts, level_alpha)
+    return "none" if lo == math.inf else f"{lo:.3g} (best statistic) to {hi:.3g} (worst)"
+
+
+def _detectable_tv(n, alpha, k, null, power=0.9):
+    """The TV ``n`` samples detect with ``power``, within 1%: ten geometric bisections of
+    :func:`specref.verification.statistics.counts.planned_power` over [1e-4, 1] (``detectable_tv`` bisects
+    to 1e-9, which costs about 40 power evaluations per statistic)."""
+    if planned_power(n, 1.0, alpha, k, null=null) < power:
+        return math.inf
+    lo, hi = 1e-4, 1.0
+    if planned_power(n, lo, alpha, k, null=null) >= power:
+        return lo
+    for _ in range(10):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if planned_power(n, mid, alpha, k, null=null) >= power else (mid, hi)
+    return hi
+
+
+def _count(stats, counts, tokens, n, x, B):
+    rows = tokens.shape[0]
+    L = n - 1
+    # row i of a call is copy i // B of row type i % B: each type is a strided view, no copy
+    per_type = [(tokens[b::B], n[b::B], None if x is None else x[b::B]) for b in range(B)]
+    for s, c in zip(stats, counts):
+        if s.distance:
+            a, b = s.rows
+            i, j = _pair_indices(rows, B, s.distance, a, b)
+            codes = s.code(L[i], L[j])
+        else:
+            codes = s.code(*per_type[s.rows[0]])
+        c += np.bincount(np.asarray(codes, dtype=np.int64), minlength=len(c))[: len(c)]
+
+
+# ---------------------------------------------------------------- the levels
+
+
+def run_batched(level: Level, fn, cases, settings: Settings) -> Report:
+    """Run a batched level on its cases (exact or statistical), through the one runner."""
+
+    def validate(case):
+        _validate_case(level.name, case)
+        if settings.mode == "exact" and not case.exact:
+            raise SpecrefError(f"case {case.name!r}: exact mode needs Fraction rows (object arrays)")
+
+    return run_cases(level, cases, settings, validate=validate,
+                     exact=lambda case: partial(_exact_case, level.name, fn, case, settings),
+                     statistical=lambda case, seed: partial(_statistical_case, level.name, fn, case, settings, seed))
+
+
+def _frac(rows):
+    return np.array([[[Fraction(v) for v in r] for r in pos] for pos in rows], dtype=object)
+
+
+def default_batched_cases(level: str = "batched") -> list:
+    """Small exact cases: B = 2, V = 3, ragged rows, p = q, zeros in p, point-mass drafts."""
+    p = [["1/5", "1/2", "3/10"], ["1/2", "1/4", "1/4"], ["1/3", "1/3", "1/3"]]
+    q = [["3/5", "3/10", "1/10"], ["1/6", "1/2", "1/3"]]
+    p2 = [["1/2", "1/2", "0"], ["0", "1/4", "3/4"], ["1/4", "1/4", "1/2"]]
+    q2 = [["1/4", "1/4", "1/2"], ["1/3", "1/3", "1/3"]]
+    cases = [
+        BatchedCase("two-rows", _frac([p, p2]), _frac([q, q2])),
+        BatchedCase("ragged-rows", _frac([p, p2]), _frac([q, q2]), num_draft=(1, 2)),
+        BatchedCase("p-equals-q-row", _frac([p, p]), _frac([q, [p[0], p[1]]]), grid=24),
+        BatchedCase("zero-draft-row", _frac([p, p2]), _frac([q, q2]), num_draft=(0, 2)),
+        # the draft proposes a token with p = 0 (row 0, position 0): on float32 grid coins u = 0 has mass 2^-24
+        BatchedCase("zeros-in-p-grid", _frac([p2, p]), _frac([q2, q]), grid=24),
+    ]
+    if level == "draft_and_verify":  # the call carries no per-row K: no ragged rows at this level
+        return [c for c in cases if c.num_draft is None]
+    if level == "batched":
+        cases.append(BatchedCase("point-mass-drafts", _frac([p, p2]), None, proposal=_frac([q, q2])))
+        cases.append(BatchedCase("point-mass-ragged", _frac([p, p2]), None, proposal=_frac([q, q2]), num_draft=(2, 1)))
+    return cases
+
+
+def large_vocab_case(V: int = 32_000, K: int = 5, B: int = 2, *, seed: int = 0, point_mass: bool = False,
+                     array: str = "numpy") -> BatchedCase:
+    """A statistical case at a real vocabulary size: peaked rows over a long tail.
+
+    Each row puts most mass on 8 tokens (target and draft in opposite order, the shape of
+    vLLM's coupling test) and spreads the rest over a Dirichlet tail of V tokens.
+    """
+    rng = np.random.default_rng(seed)
+
+    def rows(n, reverse):
+        head = np.array([0.3, 0.2, 0.15, 0.1, 0.08, 0.06, 0.04, 0.02])
+        out = np.empty((B, n, V))
+        for b in range(B):
+            for i in range(n):
+                tail = rng.dirichlet(np.full(V, 0.5)) * (1 - head.sum())
+                tail[:8] += head[::-1] if reverse else head
+                out[b, i] = tail / tail.sum()
+        return out
+
+    p, q = rows(K + 1, False), rows(K, True)
+    if point_mass:
+        return BatchedCase(f"V={V}-K={K}-point-mass", p, None, proposal=q, array=array)
+    return BatchedCase(f"V={V}-K={K}", p, q, array=array)
+
+
+LEVELS = (
+    Level("batched", "step_fn(p_target [B, K+1, V], q_draft [B, K, V] | None, draft_tokens [B, K], seed) "
+                     "-> [B, K+1] padded with -1", lambda: default_batched_cases("batched"), run_batched),
+    Level("draft_and_verify", "step_fn(p_target [B, K+1, V], q_draft [B, K, V], seed) -> [B, K+1] padded with -1",
+          lambda: default_batched_cases("draft_and_verify"), run_batched),
+)
+"""The batched and draft-and-verify levels."""

@@ -1,0 +1,400 @@
+"""Calling an implementation under test: every misbehaviour becomes a status.
+
+The oracle never raises on an implementation's behalf.  An exception of any kind
+(``SystemExit``, ``KeyboardInterrupt`` and other ``BaseException``\\ s included, and an
+exception whose ``str()`` itself raises), a time-out, arithmetic on a lazy uniform,
+an output that is not a block of tokens, or a conversion of the output that raises
+or never ends is turned into a :class:`Misbehaved` (a status of
+:mod:`specref.verification.running.report` and a detail), reported with the case that caused it.
+
+Two ways to run a case (:func:`run_case`):
+
+- **isolated** (``Settings(isolate=True)``; the CLI's default): the whole case -- the
+  enumeration of every path in exact mode, or the N samples in statistical mode --
+  runs in a worker process forked for that case.  The parent watches a hard
+  deadline: each call must end within ``time_limit`` and the case within
+  ``case_time_limit``, or the worker is killed (SIGKILL).  An implementation that
+  exits (``sys.exit``, ``os._exit``), crashes (a segfault), ignores or resets
+  signals, catches ``BaseException`` in a retry loop, or hangs inside C code cannot
+  stop or fool the oracle: the case gets the status ``timeout`` or ``crashed``.
+  The worker sends back only the case's verdict.  Needs the ``fork`` start method
+  (Linux, macOS); without it cases run in-process.
+- **in-process** (the API's default; fast, for the thousands of calls of exact
+  enumeration): the same conversions, with a SIGALRM time limit on the main
+  thread.  It cannot stop an implementation that blocks signals, catches the
+  time-out, or hangs in C code, and ``os._exit`` ends the whole process.
+
+All conversion of a return value (``tolist()``, iteration, the checks of
+:func:`checked_tokens`) happens inside the time limit, through :func:`call`'s
+``convert``.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import math
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from itertools import islice
+
+import numpy as np
+
+from specref.core.errors import SpecrefError
+from specref.verification.running.frames import innermost_frame
+from specref.verification.laws.enumeration import LazyUniformError
+from specref.verification.running.report import (
+    ARITHMETIC,
+    BUDGET,
+    CRASHED,
+    INTERNAL,
+    INVALID,
+    OK,
+    RAISED,
+    RNG_MISUSE,
+    TIMEOUT,
+    CaseResult,
+)
+
+__all__ = ["Misbehaved", "call", "checked_tokens", "run_case", "can_isolate", "describe", "DETAIL_LIMIT"]
+
+DETAIL_LIMIT = 1_000_000  # characters kept of one misbehaviour's detail (a report's table shows less)
+
+
+class Misbehaved(Exception):
+    """An implementation misbehaved: ``status`` (a report status) and ``detail``."""
+
+    def __init__(self, status, detail):
+        super().__init__(detail)
+        self.status, self.detail = status, _cut(detail, DETAIL_LIMIT)
+
+
+class _TimedOut(BaseException):  # BaseException: an implementation's `except Exception` cannot eat it
+    pass
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 40] + f"... [{len(text) - limit + 40} characters cut]"
+
+
+def describe(e: BaseException) -> str:
+    """``Type: message`` for any exception, even one whose ``__str__`` raises."""
+    try:
+        name = type(e).__name__
+    except BaseException:  # noqa: BLE001 - nothing about a hostile exception is trusted
+        name = "exception"
+    try:
+        text = str(e)
+    except BaseException as inner:  # noqa: BLE001
+        text = f"<str() of the exception raised {type(inner).__name__}>"
+    if not isinstance(text, str):
+        text = "<str() of the exception did not return a string>"
+    where = innermost_frame(e)  # the innermost frame: file:line in function
+    text = (text or "(no message)") + (f" (at {where})" if where else "")
+    return _cut(f"{name}: {text}", DETAIL_LIMIT)
+
+
+# ---------------------------------------------------------------- one call
+
+# In an isolated worker: a shared double holding the monotonic time by which the call in
+# progress must end (0.0: no call in progress).  The parent reads it and kills the worker.
+_shared_deadline = None
+# The monotonic time by which the case in progress must end (in-process budget).
+_case_end = [math.inf]
+
+
+def case_time_left() -> float:
+    """Seconds left of the case in progress here (inf outside a case)."""
+    return _case_end[0] - time.monotonic()
+
+
+@contextmanager
+def case_budget(seconds: float):
+    """Within the block, the case in progress has ``seconds`` left: a shard that runs in
+    another process carries its case's budget with it (time is measured where it runs)."""
+    previous = _case_end[0]
+    _case_end[0] = time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _case_end[0] = previous
+
+
+_spent = [0.0]  # seconds spent inside implementations' calls in this process (implementation_seconds)
+
+
+def implementation_seconds() -> float:
+    """Seconds this process has spent inside implementations' calls (:func:`call`), so far:
+    the difference of two readings is the implementation's share of what ran between them."""
+    return _spent[0]
+
+
+def call(fn, args, kwargs, time_limit, convert=None):
+    """Run ``fn(*args, **kwargs)`` and then ``convert(result)``, both within ``time_limit`` s.
+
+    Every exception the implementation raises, of any class, becomes
+    ``Misbehaved(RAISED)`` (``LazyUniformError``: ``ARITHMETIC``); a time-out or a case
+    over its time budget becomes ``Misbehaved(TIMEOUT)``.  ``convert`` is oracle code
+    (e.g. :func:`checked_tokens`): its own ``Misbehaved`` passes through.
+    """
+    remaining = _case_end[0] - time.monotonic()
+    if remaining <= 0:
+        raise Misbehaved(TIMEOUT, "the case ran over its time budget (case_time_limit)")
+    seconds = min(time_limit, remaining)
+
+    def body():
+        started = time.perf_counter()
+        try:
+            out = fn(*args, **kwargs)
+        except _TimedOut:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the implementation's failure, whatever its class
+            return _Raised(e)
+        finally:
+            _spent[0] += time.perf_counter() - started
+        return out if convert is None else convert(out)
+
+    shared = _shared_deadline
+    if shared is not None:  # an isolated worker: the parent enforces the deadline
+        shared.value = time.monotonic() + seconds
+        try:
+            result = _guarded(body, "no result within the time limit")
+        finally:
+            shared.value = 0.0
+    else:
+        why = (f"no result within time_limit = {time_limit} s" if seconds == time_limit
+               else "the case ran over its time budget (case_time_limit)")
+        result = _guarded(lambda: _with_time_limit(body, seconds), why)
+    if isinstance(result, _Raised):
+        e = result.error
+        if isinstance(e, LazyUniformError):
+            raise Misbehaved(ARITHMETIC, describe(e).partition(": ")[2])
+        raise Misbehaved(RAISED, describe(e))
+    return result
+
+
+class _Raised:
+    def __init__(self, error):
+        self.error = error
+
+
+def _guarded(thunk, why):
+    """Run oracle code around an implementation call: a time-out becomes TIMEOUT."""
+    try:
+        return thunk()
+    except _TimedOut:
+        raise Misbehaved(TIMEOUT, why) from None
+
+
+def _with_time_limit(body, seconds):
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+        def alarm(signum, frame):
+            raise _TimedOut()
+
+        previous = signal.signal(signal.SIGALRM, alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            return body()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    box = {}  # off the main thread: a daemon thread that is abandoned if it hangs
+
+    def target():
+        try:
+            box["value"] = body()
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller below
+            box["error"] = e
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise _TimedOut()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def checked_tokens(out, V, *, min_len, max_len, what):
+    """Validate an implementation's returned tokens: ints in range, length in bounds.
+
+    Runs inside :func:`call` (as its ``convert``): ``tolist()``, iteration and
+    comparisons that raise, and iterables longer than ``max_len`` (consumed only to
+    ``max_len + 1`` items), become ``Misbehaved(INVALID)``.
+    """
+    try:
+        if isinstance(out, np.ndarray):
+            if out.ndim != 1 or out.size > max_len:
+                raise Misbehaved(INVALID, f"{what} returned an array of shape {out.shape}; "
+                                          f"expected 1-D with {min_len} to {max_len} tokens")
+            seq = out.tolist()
+        else:
+            if hasattr(out, "tolist"):
+                out = out.tolist()
+            seq = list(islice(iter(out), max_len + 1))
+        if not min_len <= len(seq) <= max_len:
+            more = "or more " if len(seq) > max_len else ""
+            raise Misbehaved(INVALID, f"{what} returned {len(seq)} {more}tokens {_short(seq)}; "
+                                      f"expected {min_len} to {max_len}")
+        for t in seq:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < V:
+                raise Misbehaved(INVALID, f"{what} returned token {_short(t)} outside the vocabulary "
+                                          f"0..{V - 1}: {_short(seq)}")
+        return [int(t) for t in seq]
+    except Misbehaved:
+        raise
+    except _TimedOut:
+        raise
+    except BaseException as e:  # noqa: BLE001 - the output's own methods failed
+        raise Misbehaved(INVALID, f"{what} returned {_short(out)}, not a sequence of tokens "
+                                  f"(converting it raised {describe(e)})") from None
+
+
+def _short(value, limit: int = 300) -> str:
+    try:
+        text = repr(value)
+    except BaseException as e:  # noqa: BLE001
+        text = f"<an object whose repr() raised {type(e).__name__}>"
+    return _cut(text, limit)
+
+
+# ---------------------------------------------------------------- one case
+
+
+def can_isolate() -> bool:
+    """Whether cases can run in a forked worker on this platform."""
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+def run_case(body, case, *, isolate: bool, time_limit: float, case_time_limit: float) -> CaseResult:
+    """``body() -> CaseResult`` for ``case``, with its misbehaviour turned into a status.
+
+    ``isolate``: in a forked worker with a hard deadline (see the module docstring).
+    A worker's verdict is re-attached to ``case`` (the parent's own copy).
+    """
+    if isolate and can_isolate():
+        status, value = _in_worker(body, time_limit, case_time_limit)
+    else:
+        status, value = _here(body, case_time_limit)
+    if status == "result":
+        result = value
+        if not isinstance(result, CaseResult):  # cannot happen with the oracle's bodies
+            return CaseResult(case, RAISED, detail=f"internal: the case produced {_short(result)}")
+        result.case = case
+        return result
+    if status == OK:  # a Misbehaved claiming "ok" was raised by the implementation itself
+        status = RAISED
+    return CaseResult(case, status, detail=value)
+
+
+def _here(body, case_time_limit):
+    previous = _case_end[0]
+    _case_end[0] = time.monotonic() + case_time_limit
+    try:
+        return "result", body()
+    except Misbehaved as m:
+        return m.status, m.detail
+    except SpecrefError as e:  # raised by the enumeration or sampling on the implementation's account
+        return _enumeration_status(e), describe(e).partition(": ")[2]
+    except Exception as e:  # noqa: BLE001 - the oracle's own failure: reported, never raised
+        return INTERNAL, f"internal error of the oracle: {describe(e)}"
+    finally:
+        _case_end[0] = previous
+
+
+def _enumeration_status(e: SpecrefError) -> str:
+    """A SpecrefError outside a call: the enumeration's budget, a program that is not replayable
+    (randomness from elsewhere than the rng handed over), or the oracle's own (INTERNAL)."""
+    text = str(e)
+    if "max_paths" in text:
+        return BUDGET
+    if "random calls" in text or "lazy uniform" in text or "enumerating generator" in text:
+        return RNG_MISUSE
+    return INTERNAL
+
+
+def _in_worker(body, time_limit, case_time_limit):
+    """``body()`` in a forked worker, watched from here: ``(status, value)`` as :func:`_here` gives.
+
+    The worker is killed once a call runs past its deadline or the case past ``case_time_limit``;
+    a worker that ends without a message is ``crashed``.
+    """
+    ctx = multiprocessing.get_context("fork")
+    deadline = ctx.RawValue("d", 0.0)
+    receive, send = ctx.Pipe(duplex=False)
+    worker = ctx.Process(target=_child, args=(body, deadline, receive, send), daemon=True, name="specref-case")
+    worker.start()
+    send.close()
+    try:
+        message = _watch(worker, receive, deadline, time_limit, case_time_limit)
+    finally:
+        if worker.is_alive():
+            worker.kill()
+        worker.join()
+        receive.close()
+    return _ended_without_message(worker.exitcode) if message is None else message
+
+
+def _child(body, deadline, receive, send):
+    """The worker: the case with the call deadline shared with the parent (which enforces it and
+    the case's), its message sent back, then ``os._exit`` whatever happened."""
+    global _shared_deadline
+    _shared_deadline = deadline
+    faulthandler.disable()  # a crash of the implementation is reported by the parent, not dumped here
+    receive.close()
+    try:
+        try:
+            message = _here(body, math.inf)
+        except BaseException as e:  # noqa: BLE001 - the oracle's own code failed in the worker
+            message = (INTERNAL, f"internal error in the worker: {describe(e)}")
+        try:
+            send.send(message)
+        except BaseException as e:  # noqa: BLE001 - e.g. a result that does not pickle
+            send.send((RAISED, f"the worker could not send its result: {describe(e)}"))
+    finally:
+        os._exit(0)
+
+
+def _watch(worker, receive, deadline, time_limit, case_time_limit):
+    """Poll the worker until its message, a passed deadline (a time-out message) or its end
+    without a message (None)."""
+    end = time.monotonic() + case_time_limit
+    while True:
+        if receive.poll(0.005):
+            return _receive(receive)
+        if not worker.is_alive():
+            if receive.poll(0):
+                continue
+            return None
+        now, d = time.monotonic(), deadline.value
+        if d and now > d:
+            return (TIMEOUT, f"no result within time_limit = {time_limit} s (worker killed)")
+        if now > end:
+            return (TIMEOUT, f"the case ran over case_time_limit = {case_time_limit} s (worker killed)")
+
+
+def _receive(receive):
+    """The worker's message; None when the pipe closed without one."""
+    try:
+        return receive.recv()
+    except (EOFError, OSError):
+        return None
+    except BaseException as e:  # noqa: BLE001 - a message that does not unpickle
+        return (RAISED, f"the worker's result could not be read: {describe(e)}")
+
+
+def _ended_without_message(code):
+    """The ``crashed`` message of a worker that ended with exit code ``code`` and sent nothing."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        detail = f"the worker process was killed by {name} (a crash in the implementation)"
+    else:
+        detail = f"the implementation ended the worker process (exit code {code}) without a result"
+    return (CRASHED, detail)

@@ -1,0 +1,175 @@
+"""What a check reports: the settings it ran under, a verdict per case, and the report.
+
+Plain data shared by every oracle level (:mod:`specref.verification.oracle`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from specref.core.errors import SpecrefError, check_positive_int
+
+__all__ = ["Settings", "CaseResult", "Report", "law_verdict", "OK", "DIFFERS", "RAISED", "INVALID", "TIMEOUT", "ARITHMETIC",
+           "CRASHED", "BUDGET", "RNG_MISUSE", "INTERNAL", "MAX_TOLERANCE", "TABLE_DETAIL"]
+
+OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
+    "ok", "differs", "raised", "invalid output", "timeout", "lazy-uniform arithmetic",
+)
+CRASHED = "crashed"  # an isolated worker died: os._exit, a segfault, a signal
+BUDGET = "over budget"  # exact mode: the enumeration ran over max_paths
+RNG_MISUSE = "bad rng use"  # exact mode: randomness not drawn from the rng handed over (not replayable)
+INTERNAL = "internal error"  # the oracle's own failure (never the implementation's): the CLI exits 2
+MAX_TOLERANCE = 1e-3  # exact mode: a larger tolerance could let a wrong implementation pass
+TABLE_DETAIL = 300  # characters of a detail shown in a report's table (to_json keeps it whole)
+
+
+# ---------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a check runs; every field is validated here, once."""
+
+    mode: str = "exact"  # "exact" (enumerate the rng) or "statistical" (rng is an int seed)
+    samples: int | None = None  # statistical mode: N per case (None: planned for detect_tv)
+    seed: int = 0  # statistical mode: case i uses seed + i
+    alpha: float = 1e-6  # statistical mode: the G-test's level
+    detect_tv: float = 0.01  # statistical mode: the TV that N is planned to detect with power 0.9
+    tolerance: float = 1e-9  # exact mode: TV above this differs
+    time_limit: float = 10.0  # seconds per call of the implementation
+    isolate: bool = False  # run each case in a forked worker with a hard deadline (the CLI's default)
+    case_time_limit: float = 300.0  # seconds per case (every call and the enumeration or sampling)
+    max_paths: int = 10**6  # exact mode: enumerated paths per case (the target law's prefixes too)
+    executor: object = field(default=None, compare=False)  # statistical mode: a concurrent.futures.Executor for the shards
+    shard_blocks: int = 4  # statistical mode: blocks of 1024 samples per shard (the verdict does not depend on it)
+    progress: bool = True  # statistical mode: a progress bar on a terminal for runs over 2 s
+    shard_store: object = field(default=None, compare=False)  # statistical mode: a dict keeping finished shards (sweeps resume from it)
+    budget_s: float | None = None  # statistical mode: seconds per case; N is chosen from a timed pilot (samples= wins)
+
+    def __post_init__(self):
+        if not isinstance(self.mode, str) or self.mode not in ("exact", "statistical"):
+            raise SpecrefError(f"mode must be 'exact' or 'statistical', got {self.mode!r}")
+        if self.samples is not None:
+            check_positive_int("samples", self.samples)
+        check_positive_int("seed", self.seed, minimum=0)
+        if self.seed >= 2**63:
+            raise SpecrefError(f"seed must be below 2**63, got {self.seed!r}")
+        for name, upper in (("alpha", 1), ("detect_tv", 1), ("tolerance", MAX_TOLERANCE)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < upper:
+                raise SpecrefError(f"{name} must be a number in (0, {upper}), got {value!r}")
+        for name in ("time_limit", "case_time_limit"):
+            t = getattr(self, name)
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
+                raise SpecrefError(f"{name} must be a positive finite number of seconds, got {t!r}")
+        if not isinstance(self.isolate, bool):
+            raise SpecrefError(f"isolate must be True or False, got {self.isolate!r}")
+        check_positive_int("max_paths", self.max_paths)
+        if self.executor is not None and not callable(getattr(self.executor, "submit", None)):
+            raise SpecrefError(f"executor must be a concurrent.futures.Executor (with submit), got {self.executor!r}")
+        check_positive_int("shard_blocks", self.shard_blocks)
+        if not isinstance(self.progress, bool):
+            raise SpecrefError(f"progress must be True or False, got {self.progress!r}")
+        b = self.budget_s
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < math.inf):
+            raise SpecrefError(f"budget_s must be a positive finite number of seconds or None, got {b!r}")
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass
+class CaseResult:
+    """The verdict on one case."""
+
+    case: object  # the Case (or a level's own case type) the verdict is about
+    status: str  # ok / differs / raised / invalid output / timeout / lazy-uniform arithmetic
+    tv: float | Fraction | None = None  # exact TV, or the plug-in estimate in statistical mode
+    detail: str = ""  # the error, or the outputs that differ most
+    n_samples: int | None = None  # statistical mode: N
+    p_value: float | None = None  # statistical mode: the G-test's p-value
+    tv_interval: tuple | None = None  # statistical mode: confidence interval of the TV
+    detectable_tv: float | None = None  # statistical mode: the TV this N detects with power 0.9
+    seconds_per_sample: dict | None = None  # statistical mode: {"implementation": s, "oracle": s}; measured, so not in to_json
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+
+@dataclass
+class Report:
+    """What a check found: the verdict, the worst TV, a counterexample and a table per case."""
+
+    level: str
+    mode: str
+    results: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def worst_tv(self):
+        tvs = [r.tv for r in self.results if r.tv is not None]
+        return max(tvs) if tvs else None
+
+    @property
+    def counterexample(self):
+        """The failing case with the largest TV (errors first), or None when all pass."""
+        bad = [r for r in self.results if not r.ok]
+        if not bad:
+            return None
+        return max(bad, key=lambda r: (r.tv is None, r.tv or 0)).case
+
+    def table(self) -> str:
+        lines = [f"{'case':<24} {'status':<24} {'TV':>12}  detail"]
+        for r in self.results:
+            tv = "-" if r.tv is None else f"{float(r.tv):.3g}"
+            extra = f"N={r.n_samples}, p={r.p_value:.2g}; " if r.n_samples else ""
+            if r.detectable_tv is not None:
+                extra += f"detectable TV {r.detectable_tv:.3g}; "
+            if r.seconds_per_sample:
+                extra += ("s/sample: implementation {implementation:.3g}, oracle {oracle:.3g}; "
+                          .format(**r.seconds_per_sample))
+            detail = r.detail if len(r.detail) <= TABLE_DETAIL else (
+                r.detail[:TABLE_DETAIL] + f"... [{len(r.detail) - TABLE_DETAIL} more characters]")
+            lines.append(f"{r.case.name:<24} {r.status:<24} {tv:>12}  {extra}{detail}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        """The whole record (details uncut): verdict, and per case its data, status and numbers."""
+        def number(v):
+            return None if v is None else (str(v) if isinstance(v, Fraction) else float(v))
+
+        def case_data(c):
+            return c.to_json() if callable(getattr(c, "to_json", None)) else {"name": getattr(c, "name", repr(c))}
+
+        return {
+            "level": self.level, "mode": self.mode, "ok": self.ok, "worst_tv": number(self.worst_tv),
+            "results": [{"case": case_data(r.case), "status": r.status, "tv": number(r.tv), "detail": r.detail,
+                         "n_samples": r.n_samples, "p_value": r.p_value, "detectable_tv": r.detectable_tv,
+                         "tv_interval": None if r.tv_interval is None else [number(v) for v in r.tv_interval]}
+                        for r in self.results],
+        }
+
+    def __str__(self):
+        verdict = "preserves the target distribution" if self.ok else (
+            f"DIFFERS from the target distribution (worst TV {float(self.worst_tv or 0):.3g})"
+            if self.worst_tv else "FAILS (see statuses)"
+        )
+        text = f"{self.level}-level check, {self.mode} mode: {verdict}\n{self.table()}"
+        if self.counterexample is not None:
+            text += f"\ncounterexample: {self.counterexample!r}"
+        return text
+
+
+def law_verdict(case, comparison, tolerance, *, label: str = "output, got, target", top: int = 3) -> CaseResult:
+    """The verdict of an exact comparison (:func:`specref.verification.laws.enumeration.compare`):
+    ``differs`` when its TV exceeds ``tolerance``, with the outputs that differ most."""
+    status = OK if comparison.tv <= tolerance else DIFFERS
+    detail = "" if status == OK else f"worst outputs ({label}): " + ", ".join(
+        f"{o}: {float(a):.4g} vs {float(b):.4g}" for o, a, b in comparison.worst[:top])
+    return CaseResult(case, status, tv=comparison.tv, detail=detail)

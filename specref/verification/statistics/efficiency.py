@@ -1,0 +1,105 @@
+"""The efficiency verdict: target calls per decode against the reference's exact value (SPEC §8).
+
+"Preserves the target distribution" says nothing about speed: a decoder that warps
+the draft twice, rejects needlessly or drafts tokens it never verifies is lossless
+but wasteful.  On a decoder case the reference (:func:`specref.decoding.chain.speculative_decode`,
+Leviathan et al. 2022, Algorithm 1) needs a random number of iterations -- target
+calls -- whose law :func:`reference_iterations` enumerates exactly.  An
+implementation's measured iterations per decode (``measured``) give a mean with a
+normal-approximation interval; :func:`efficiency` compares the two.
+
+Drafting fewer tokens near ``max_new_tokens`` or after a stop token does not change
+the count: the tokens that are not drafted would have been cut anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+from scipy.stats import norm
+
+from specref.core.errors import SpecrefError
+from specref.decoding.chain import speculative_decode, speculative_transition
+from specref.verification.laws.enumeration import law, law_iterated
+from specref.verification.cases.rules import ruled
+
+__all__ = ["reference_iterations", "Efficiency", "efficiency"]
+
+_MARK = -1  # ends each iteration's block in the memoised enumeration: never a token
+
+
+def reference_iterations(case, *, rules=None, draft_rules=None, memoise: bool = True):
+    """The exact law of the reference's number of target calls on ``case``: ``{iterations: probability}``.
+
+    ``rules``: the implementation's declared rules (:mod:`specref.verification.cases.rules`),
+    used for the target and, unless ``draft_rules`` is given, for the draft.
+    ``memoise=True`` enumerates one iteration at a time
+    (:func:`specref.verification.laws.enumeration.law_iterated` over
+    :func:`specref.decoding.chain.speculative_transition`, each iteration's block marked
+    with a ``-1`` that is counted afterwards); ``memoise=False`` enumerates whole runs of
+    :func:`~specref.decoding.chain.speculative_decode` -- the independent route, for K <= 2.
+    """
+    target, draft = case.models()
+    t, config = ruled(target, case.config, rules)
+    d, _ = ruled(draft, case.config, draft_rules if draft_rules is not None else rules)
+    settings = dict(k=case.k, config=config, max_new_tokens=case.max_new_tokens, stop_tokens=case.stop_tokens)
+    dist: dict = {}
+    if memoise:
+        step = speculative_transition(t, d, list(case.prompt), **settings)
+
+        def marked(state, rng):  # one target call: its block, then a marker
+            block, nxt = step(state, rng)
+            return tuple(block) + (_MARK,), nxt
+
+        for out, w in law_iterated((), marked).items():
+            n = sum(1 for x in out if x == _MARK)
+            dist[n] = dist.get(n, 0) + w
+        return dist
+    for out, w in law(lambda rng: speculative_decode(t, d, list(case.prompt), rng=rng, **settings).iterations).items():
+        n = out[0] if isinstance(out, tuple) else out
+        dist[n] = dist.get(n, 0) + w
+    return dist
+
+
+def _mean(dist):
+    return sum(Fraction(n) * w if isinstance(w, Fraction) else n * float(w) for n, w in dist.items())
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Measured mean target calls per decode against the reference's exact mean."""
+
+    n: int  # decodes measured
+    mean: float  # the implementation's mean target calls per decode
+    interval: tuple  # its confidence interval (normal approximation)
+    reference: float  # the reference's exact mean
+    level: float  # the interval's confidence
+
+    @property
+    def verdict(self) -> str:
+        low, high = self.interval
+        if self.reference < low:
+            return "wasteful"  # more target calls than the reference needs
+        if self.reference > high:
+            return "fewer calls than the reference"  # not lossless, or drafts differently
+        return "as efficient as the reference"
+
+    def __str__(self):
+        low, high = self.interval
+        return (f"target calls per decode: {self.mean:.4g} [{low:.4g}, {high:.4g}] ({self.level:.0%}, N={self.n}) "
+                f"vs the reference's exact {self.reference:.4g}: {self.verdict}")
+
+
+def efficiency(measured, case, *, rules=None, level: float = 0.99) -> Efficiency:
+    """Compare ``measured`` (target calls per decode, one int per decode) with the reference on ``case``."""
+    x = np.asarray(list(measured), dtype=np.float64)
+    if x.size < 2:
+        raise SpecrefError(f"measured must hold at least 2 decodes, got {x.size}")
+    if not 0 < level < 1:
+        raise SpecrefError(f"level must be in (0, 1), got {level!r}")
+    ref = float(_mean(reference_iterations(case, rules=rules)))
+    half = norm.ppf(0.5 + level / 2) * x.std(ddof=1) / math.sqrt(x.size)
+    return Efficiency(int(x.size), float(x.mean()), (float(x.mean() - half), float(x.mean() + half)), ref, level)

@@ -1,0 +1,9 @@
+"""The zoo: named wrong implementations, each changing one thing in the reference (SPEC §7):
+chain-level bugs (:mod:`~specref.verification.zoo.chain`), engine-shaped batched bugs
+(:mod:`~specref.verification.zoo.engines`) and tree bugs (:mod:`~specref.verification.zoo.trees`).
+
+``specref.verification.zoo`` re-exports the chain zoo, so 0.2's ``zoo.entries()`` keeps working.
+"""
+
+from specref.verification.zoo.chain import *  # noqa: F401,F403
+from specref.verification.zoo.chain import __all__  # noqa: F401
