@@ -413,6 +413,19 @@ def _main(args, argv) -> int:
     for key, d in pil["drafts"].items():
         print(f"  rule: {key:<24} alpha {d['alpha']:.3f}  c {d['t_draft'] / pil['t_step']:.3f}  -> K_rule = {d['k_rule']}",
               flush=True)
+    cells = _cells(args, target, drafts, configs, prompt, pil)
+    batches = _batches(args, drafts, configs, pil, n_ctx)
+    report = _report(args, argv, cells, batches, pil, machine, facts, configs, t_start)
+    print(f"peak memory {report['peak_memory_mib']:.0f} MiB; {report['seconds']:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _cells(args, target, drafts, configs, prompt, pil) -> list:
+    """One cell per (temperature, length, draft): every K timed, the best K and the rule's K."""
     cells = []
     for tname, config in configs.items():
         for n_tokens in args.tokens:
@@ -436,22 +449,32 @@ def _main(args, argv) -> int:
                           f"{r['tokens_per_second']:.0f} tok/s", flush=True)
                 print(f"    best K={best['k']} {best['speedup_measured']:.2f}x; rule K={k_rule} "
                       f"{rule['speedup_measured']:.2f}x", flush=True)
+    return cells
+
+
+def _batches(args, drafts, configs, pil, n_ctx) -> list:
+    """Batched serving at T = 1 with the small transformer draft at its rule K (empty otherwise)."""
     batches = []
-    if "transformer-small" in drafts and "1" in configs:
-        k = pil["drafts"]["transformer-small|1"]["k_rule"]
-        for b in args.batch:
-            t_b, d_b, _ = models(args.target, args.backend, n_ctx, batch=b)
-            for n_tokens in args.tokens:
-                row = batch_runs(t_b, d_b["transformer-small"], b, prompts(b), n_tokens, k, TEMPERATURES["1"], args.repeats)
-                batches.append(row)
-                print(f"  batch {b:>2} {n_tokens:>4} tokens K={k}: {row['speedup_measured']:.2f}x "
-                      f"[{row['speedup_range'][0]:.2f}, {row['speedup_range'][1]:.2f}]  "
-                      f"{row['throughput_tokens_per_second']:.0f} tok/s (plain {row['plain_throughput_tokens_per_second']:.0f})  "
-                      f"request latency {row['request_latency_median_seconds']:.2f} s "
-                      f"(plain {row['plain_request_latency_median_seconds']:.2f})  padding {row['padding_fraction']:.1%}",
-                      flush=True)
-            del t_b, d_b
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if "transformer-small" not in drafts or "1" not in configs:
+        return batches
+    k = pil["drafts"]["transformer-small|1"]["k_rule"]
+    for b in args.batch:
+        t_b, d_b, _ = models(args.target, args.backend, n_ctx, batch=b)
+        for n_tokens in args.tokens:
+            row = batch_runs(t_b, d_b["transformer-small"], b, prompts(b), n_tokens, k, TEMPERATURES["1"], args.repeats)
+            batches.append(row)
+            print(f"  batch {b:>2} {n_tokens:>4} tokens K={k}: {row['speedup_measured']:.2f}x "
+                  f"[{row['speedup_range'][0]:.2f}, {row['speedup_range'][1]:.2f}]  "
+                  f"{row['throughput_tokens_per_second']:.0f} tok/s (plain {row['plain_throughput_tokens_per_second']:.0f})  "
+                  f"request latency {row['request_latency_median_seconds']:.2f} s "
+                  f"(plain {row['plain_request_latency_median_seconds']:.2f})  padding {row['padding_fraction']:.1%}",
+                  flush=True)
+        del t_b, d_b
+    return batches
+
+
+def _report(args, argv, cells, batches, pil, machine, facts, configs, t_start) -> dict:
+    """The JSON record: the cells with their model agreement, the pairs figure 4 draws, the machine."""
     for c in cells:
         for key in ("speedup_model", "speedup_calls"):
             c[f"within_15pct_{key}"] = sum(abs(r["speedup_measured"] / r[key] - 1) <= 0.15 for r in c["runs"])
@@ -461,20 +484,15 @@ def _main(args, argv) -> int:
               "alpha_per_position": c["runs"][-1]["alpha_per_position"], "runs": c["runs"],
               "best_k": c["best_k"], "best_speedup": c["best_speedup"]}
              for c in cells if c["temperature"] == ("1" if "1" in configs else args.temperatures[0]) and c["tokens"] == longest]
-    report = {
+    return {
         "command": "python -m specref.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine, "target": facts,
         "config": {"ks": args.ks, "tokens": args.tokens, "temperatures": args.temperatures, "repeats": args.repeats,
                    "batch": args.batch, "prompt_length": PROMPT_LENGTH},
         "pilot": pil, "cells": cells, "batches": batches, "pairs": pairs,
-        "peak_memory_mib": peak_mib, "seconds": time.perf_counter() - t_start,
+        "peak_memory_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "seconds": time.perf_counter() - t_start,
     }
-    print(f"peak memory {peak_mib:.0f} MiB; {report['seconds']:.0f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-        print(f"wrote {args.json}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -60,3 +60,12 @@ def test_check_prob_rows_accepts_exactly_within_the_default_tolerance():
     assert got.dtype == np.float64 and abs(got.sum() - 1) < 1e-12
     with pytest.raises(ValueError, match="tolerance"):
         check_prob_rows("p", outside.astype(np.float32))
+
+
+def test_the_docstring_example_of_row_tolerance_is_what_it_computes():
+    import re
+
+    from specref.core import errors
+
+    shown = re.search(r"V = 50,000: ([0-9.e-]+);", errors.row_tolerance.__doc__).group(1)
+    assert float(shown) == pytest.approx(errors.row_tolerance(np.float32, 50_000), rel=0.05)

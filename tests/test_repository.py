@@ -94,3 +94,25 @@ def test_the_wheel_holds_the_packages_and_data_and_nothing_else(tmp_path):
     assert data == shipped and shipped, (data, shipped)
     for sub in ("core", "decoding", "verification", "adapters"):
         assert f"specref/{sub}/__init__.py" in names
+
+
+def long_functions(root: Path, limit: int = 60) -> list[str]:
+    """Functions longer than ``limit`` lines whose docstring does not say why ("Over 60 lines")."""
+    import ast
+
+    found = []
+    for path in sorted((root / "specref").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > limit and "Over 60 lines" not in (ast.get_docstring(node) or ""):
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_runs_over_60_lines_without_a_stated_reason(tmp_path):
+    assert long_functions(ROOT) == []
+    (tmp_path / "specref").mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(61))
+    (tmp_path / "specref" / "long.py").write_text(f"def f():\n    \"\"\"No reason.\"\"\"\n{body}\n")
+    assert long_functions(tmp_path) == ["specref/long.py:1 f (63 lines)"]  # the check can fail

@@ -41,7 +41,7 @@ def row_tolerance(dtype, V: int, *, cap: float | None = _LOW_PRECISION_CAP, scal
     ``LOW_PRECISION_FACTOR * eps(dtype) * sqrt(V)``, at least ``FLOAT_ROW_TOL`` (1e-9)
     and at most ``cap`` (1e-2; None: no cap) -- a softmax computed in that precision
     is off by a few eps times a factor that grows with the length of the sum (float32,
-    V = 50,000: 1.1e-4; real rows miss by 3e-8 to 1e-7).  float64 (and wider) rows:
+    V = 50,000: 2.1e-4; real rows miss by 3e-8 to 1e-7).  float64 (and wider) rows:
     ``FLOAT_ROW_TOL``, or with ``scale_float64=True`` the same eps formula (it passes
     1e-9 only for V > 3.2e11).  Integer rows: ``FLOAT_ROW_TOL``.
 

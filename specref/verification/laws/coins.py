@@ -254,54 +254,74 @@ def coin_law(kernel: Callable[[np.ndarray], Hashable], n: int, *, dtype="float64
     if candidates is not None and not callable(candidates):
         fixed = _thresholds(candidates, 0)  # validated once, shared by every coin
         candidates = lambda d: fixed  # noqa: E731
-    size = 1 << m
-    scale = 2.0 ** -m
-    rest = int(_GENERIC * size)
-    grid = sorted({j * size // probes for j in range(probes)} | {0, size - 1})
-    cache: dict = {}
-    counts = {"evaluations": 0, "probes": 0, "bisections": 0, "checks": 0, "searches": 0}
-    cand_points: dict = {}
+    run = _CoinSearch(kernel, n, m, dtype, probes, candidates, max_pieces, max_evals, check)
+    if n == 0:
+        out = run.ev((), "probes")
+        run.cells.append(((), out))
+        run.totals[out] = 1
+    else:
+        run.search(0, (), ())
+    denom = run.size ** n
+    probs = {o: Fraction(c, denom) for o, c in run.totals.items()}
+    return CoinLaw(probs, cells=run.cells, bits=m, dtype=dtype, n_coins=n, seconds=time.perf_counter() - started,
+                   **run.counts)
 
-    def ev(ks: tuple, kind: str):
-        if ks in cache:
-            return cache[ks]
-        if counts["evaluations"] >= max_evals:
-            raise CoinBudgetError(f"coin_law exceeded max_evals={max_evals} kernel calls "
-                                  f"({counts['searches']} coin searches so far); shrink the case, or raise max_evals")
-        counts["evaluations"] += 1
-        counts[kind] += 1
-        coins = (np.array(ks, dtype=np.float64) * scale).astype(dtype)
-        out = cache[ks] = _key(kernel(coins))
+
+class _CoinSearch:
+    """The state of one :func:`coin_law` run: the kernel's outputs by grid point (each point
+    evaluated once), the counters, and the cells found so far with their outputs."""
+
+    def __init__(self, kernel, n, m, dtype, probes, candidates, max_pieces, max_evals, check):
+        self.kernel, self.n, self.m, self.dtype = kernel, n, m, dtype
+        self.probes, self.candidates, self.max_pieces, self.max_evals, self.check = (
+            probes, candidates, max_pieces, max_evals, check)
+        self.size = 1 << m
+        self.scale = 2.0 ** -m
+        self.rest = int(_GENERIC * self.size)  # the later coins' probe value
+        self.grid = sorted({j * self.size // probes for j in range(probes)} | {0, self.size - 1})
+        self.cache: dict = {}
+        self.counts = {"evaluations": 0, "probes": 0, "bisections": 0, "checks": 0, "searches": 0}
+        self.cand_points: dict = {}
+        self.cells: list = []
+        self.totals: dict = {}
+
+    def ev(self, ks: tuple, kind: str):
+        """The kernel's output at the grid point ``ks`` (integers k: coins k 2^-m)."""
+        if ks in self.cache:
+            return self.cache[ks]
+        if self.counts["evaluations"] >= self.max_evals:
+            raise CoinBudgetError(f"coin_law exceeded max_evals={self.max_evals} kernel calls "
+                                  f"({self.counts['searches']} coin searches so far); shrink the case, or raise max_evals")
+        self.counts["evaluations"] += 1
+        self.counts[kind] += 1
+        coins = (np.array(ks, dtype=np.float64) * self.scale).astype(self.dtype)
+        out = self.cache[ks] = _key(self.kernel(coins))
         return out
 
-    def points(d):
-        if d not in cand_points:
-            pts = set(grid)
-            for t in _thresholds(candidates, d):
-                c = math.ceil(t * size)
-                pts.update(k for k in (c - 1, c, c + 1) if 0 <= k < size)
-            cand_points[d] = sorted(pts)
-        return cand_points[d]
+    def points(self, d):
+        """Coin ``d``'s probe points: the uniform grid, 0, the last point, and each candidate's
+        three nearest grid points."""
+        if d not in self.cand_points:
+            pts = set(self.grid)
+            for t in _thresholds(self.candidates, d):
+                c = math.ceil(t * self.size)
+                pts.update(k for k in (c - 1, c, c + 1) if 0 <= k < self.size)
+            self.cand_points[d] = sorted(pts)
+        return self.cand_points[d]
 
-    cells: list = []
-    totals: dict = {}
-
-    def search(d: int, prefix: tuple, spans: tuple):
-        counts["searches"] += 1
-        later = (rest,) * (n - d - 1)
-        f = lambda k, kind: ev(prefix + (k,) + later, kind)  # noqa: E731
-        pts = points(d)
-        outs = {k: f(k, "probes") for k in pts}
+    def breakpoints(self, d, f, outs, spans) -> list:
+        """Bisection between neighbouring probes whose outputs differ, to adjacent grid points."""
+        pts = self.points(d)
         breaks: list = []
         stack = [(a, b) for a, b in zip(pts, pts[1:]) if outs[a] != outs[b]]
         while stack:
             a, b = stack.pop()
             if b - a == 1:
                 breaks.append(b)
-                if len(breaks) >= max_pieces:
+                if len(breaks) >= self.max_pieces:
                     raise NotPiecewiseConstant(
-                        f"coin {d} has more than max_pieces={max_pieces} pieces (with the earlier coins at "
-                        f"{describe_cell(spans, m) if spans else 'none'}): the output follows the "
+                        f"coin {d} has more than max_pieces={self.max_pieces} pieces (with the earlier coins at "
+                        f"{describe_cell(spans, self.m) if spans else 'none'}): the output follows the "
                         f"coin's value, it is not piecewise constant")
                 continue
             mid = (a + b) // 2
@@ -311,7 +331,17 @@ def coin_law(kernel: Callable[[np.ndarray], Hashable], n: int, *, dtype="float64
                 stack.append((a, mid))
             if outs[mid] != outs[b]:
                 stack.append((mid, b))
-        bounds = [0] + sorted(breaks) + [size]
+        return sorted(breaks)
+
+    def search(self, d: int, prefix: tuple, spans: tuple):
+        """Coin ``d``'s pieces (earlier coins at ``prefix``, their intervals ``spans``), each
+        recursed into, or at the last coin checked and counted as a cell."""
+        self.counts["searches"] += 1
+        later = (self.rest,) * (self.n - d - 1)
+        f = lambda k, kind: self.ev(prefix + (k,) + later, kind)  # noqa: E731
+        outs = {k: f(k, "probes") for k in self.points(d)}
+        bounds = [0] + self.breakpoints(d, f, outs, spans) + [self.size]
+        m, size = self.m, self.size
         for lo, hi in zip(bounds, bounds[1:]):
             rep = (lo + hi - 1) // 2
             if rep not in outs:
@@ -321,31 +351,23 @@ def coin_law(kernel: Callable[[np.ndarray], Hashable], n: int, *, dtype="float64
                     f"coin {d} on [{_coin_text(lo, m)}, {_coin_text(hi, m) if hi < size else '1'}): the output at the "
                     f"interval's ends is {_show(outs[lo])} but at its midpoint {_coin_text(rep, m)} it is "
                     f"{_show(outs[rep])} -- not piecewise constant, or a piece narrower than the probe spacing "
-                    f"1/{probes} with no candidate inside (name its threshold in candidates)")
+                    f"1/{self.probes} with no candidate inside (name its threshold in candidates)")
             cell = spans + ((lo, hi),)
-            if d + 1 < n:
-                search(d + 1, prefix + (rep,), cell)
-                continue
-            out = outs[rep]
-            if check:
-                for corner in (tuple(a for a, _ in cell), tuple(b - 1 for _, b in cell)):
-                    got = ev(corner, "checks")
-                    if got != out:
-                        raise NotPiecewiseConstant(
-                            f"the output is not constant on the cell {describe_cell(cell, m, full=True)}: "
-                            f"{_show(out)} at its midpoint, {_show(got)} at its corner "
-                            f"{[_coin_text(k, m) for k in corner]} -- its breakpoints in one coin move with another "
-                            f"coin's value (an exponential race, say): outside the method")
-            cells.append((cell, out))
-            totals[out] = totals.get(out, 0) + math.prod(b - a for a, b in cell)
+            if d + 1 < self.n:
+                self.search(d + 1, prefix + (rep,), cell)
+            else:
+                self.leaf(cell, outs[rep])
 
-    if n == 0:
-        out = ev((), "probes")
-        cells.append(((), out))
-        totals[out] = 1
-    else:
-        search(0, (), ())
-    denom = size ** n
-    probs = {o: Fraction(c, denom) for o, c in totals.items()}
-    return CoinLaw(probs, cells=cells, bits=m, dtype=dtype, n_coins=n, seconds=time.perf_counter() - started,
-                   **counts)
+    def leaf(self, cell, out):
+        """A cell of the last coin: its corners checked (``check``), its mass counted for ``out``."""
+        if self.check:
+            for corner in (tuple(a for a, _ in cell), tuple(b - 1 for _, b in cell)):
+                got = self.ev(corner, "checks")
+                if got != out:
+                    raise NotPiecewiseConstant(
+                        f"the output is not constant on the cell {describe_cell(cell, self.m, full=True)}: "
+                        f"{_show(out)} at its midpoint, {_show(got)} at its corner "
+                        f"{[_coin_text(k, self.m) for k in corner]} -- its breakpoints in one coin move with another "
+                        f"coin's value (an exponential race, say): outside the method")
+        self.cells.append((cell, out))
+        self.totals[out] = self.totals.get(out, 0) + math.prod(b - a for a, b in cell)

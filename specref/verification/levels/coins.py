@@ -606,7 +606,11 @@ def _tree_coin_laws(kernel, case: TreeCoinCase, settings, stats):
     Composed rather than enumerated whole: the law of the drafted trees (enumerated), for each tree
     tuple the kernel's coin law of (path, next token) per row, then each row's emitted tokens
     completed to ``depth + 1`` by target sampling (product of conditionals).  The reference is
-    :func:`~specref.verification.levels.trees.batched_reference_kernel` on lazy uniforms on the same grid."""
+    :func:`~specref.verification.levels.trees.batched_reference_kernel` on lazy uniforms on the same grid.
+
+    Over 60 lines on purpose: six small closures (``row``, ``kernel_law``, ``drafting``,
+    ``reference_law``, ``complete``, ``blocks``; the longest 40 lines) share the case's memo of
+    target rows and the drafted trees, and read top to bottom as the composition above."""
     tc, batch, dtype = case.tree, case.batch, case.dtype
     bits = grid_bits(dtype)
     target, draft = tc.models()
