@@ -66,7 +66,7 @@ from specref.verification.laws.coins import CoinBudgetError, NotPiecewiseConstan
 from specref.verification.laws.enumeration import compare, law, target_law
 from specref.verification.levels.batched import BatchedCase, parse_output, row_law
 from specref.verification.levels.runner import run_cases
-from specref.verification.levels.trees import TreeCase, batched_reference_kernel
+from specref.verification.levels.trees import TreeCase, batched_reference_kernel, memo_rows
 from specref.verification.running.calling import Misbehaved, call
 from specref.verification.running.level import Level
 from specref.verification.running.report import BUDGET, DIFFERS, INVALID, OK, CaseResult
@@ -608,20 +608,15 @@ def _tree_coin_laws(kernel, case: TreeCoinCase, settings, stats):
     completed to ``depth + 1`` by target sampling (product of conditionals).  The reference is
     :func:`~specref.verification.levels.trees.batched_reference_kernel` on lazy uniforms on the same grid.
 
-    Over 60 lines on purpose: six small closures (``row``, ``kernel_law``, ``drafting``,
+    Over 60 lines on purpose: five small closures (``kernel_law``, ``drafting``,
     ``reference_law``, ``complete``, ``blocks``; the longest 40 lines) share the case's memo of
     target rows and the drafted trees, and read top to bottom as the composition above."""
     tc, batch, dtype = case.tree, case.batch, case.dtype
     bits = grid_bits(dtype)
     target, draft = tc.models()
     prompt, V, depth = list(tc.prompt), tc.vocab_size, tc.depth
-    config, memo = SamplingConfig(), {}
-
-    def row(model, path):
-        key = (id(model), path)
-        if key not in memo:
-            memo[key] = next_token_probs(model, prompt + list(path), config)
-        return memo[key]
+    config = SamplingConfig()
+    row = memo_rows(prompt, config)
 
     def kernel_law(trees, p_rows):
         links = [to_sglang(t, root_token=0) for t in trees]

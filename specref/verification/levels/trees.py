@@ -113,18 +113,25 @@ def tree_cases(drafting: str = "topk") -> list[TreeCase]:
     return cases
 
 
+def memo_rows(prompt, config=SamplingConfig()):
+    """``row(model, path) -> next-token row`` after ``prompt + path``, each computed once."""
+    memo: dict = {}
+
+    def row(model, path):
+        key = (id(model), tuple(path))
+        if key not in memo:
+            memo[key] = next_token_probs(model, list(prompt) + list(path), config)
+        return memo[key]
+
+    return row
+
+
 def tree_program(fn, case: TreeCase, time_limit):
     """``(program(rng, impl_rng), expected law)`` for one case (the tree level's criterion)."""
     target, draft = case.models()
     V, prompt, depth = case.vocab_size, list(case.prompt), case.depth
     config = SamplingConfig()
-    rows: dict = {}
-
-    def row(model, path):
-        key = (id(model), path)
-        if key not in rows:
-            rows[key] = next_token_probs(model, prompt + list(path), config)
-        return rows[key]
+    row = memo_rows(prompt, config)
 
     def program(rng, impl_rng):
         tree, q_draft, paths = draft_tree(case.widths, lambda path: row(draft, path), case.drafting, rng)
@@ -277,13 +284,8 @@ def tree_batch_program(kernel, case: TreeCase, batch: int, time_limit):
     """
     target, draft = case.models()
     prompt, V, depth = list(case.prompt), case.vocab_size, case.depth
-    config, memo = SamplingConfig(), {}
-
-    def row(model, path):
-        key = (id(model), path)
-        if key not in memo:
-            memo[key] = next_token_probs(model, prompt + list(path), config)
-        return memo[key]
+    config = SamplingConfig()
+    row = memo_rows(prompt, config)
 
     def program(rng):
         trees, p_rows = [], []
