@@ -61,14 +61,7 @@ autodoc_mock_imports = [name for name in ("torch", "transformers") if importlib.
 # table row wider than its column).  They are shown as written, in a literal block, until
 # they are rewritten; tests/test_docs.py checks that each one listed still needs it.  Every
 # other docstring is parsed as reST, and a broken one fails the build.
-PLAIN_TEXT_DOCSTRINGS = {
-    "specref.adapters.hf.hf_speculative_step",
-    "specref.core.step.speculative_step",
-    "specref.decoding.chain",
-    "specref.decoding.tree",
-    "specref.verification.zoo.chain",
-    "toy_models.train",
-}
+PLAIN_TEXT_DOCSTRINGS: set = set()  # none left: every docstring is parsed as reST
 
 # Doctests: the pages' {doctest} blocks run in the directory sphinx is started from (the
 # repository root, as the README's commands).  The examples in docstrings (>>>) are written

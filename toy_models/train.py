@@ -1,4 +1,4 @@
-"""Train the toy target and draft transformers on the generated corpus; save their weights.
+"""Train the toy target and draft transformers on the generated corpus; save their weights::
 
     python -m toy_models.train                     # ~6 minutes on one core; writes toy_models/weights/*.npz
     python -m toy_models.train --only draft_small  # retrain the draft from the saved target (~2 min)

@@ -142,14 +142,15 @@ def hf_speculative_step(p_target, q_draft, draft_tokens, rng, *, dtype="float32"
                         assistant_ensemble_weight=None) -> list[int]:
     """One speculative step by ``transformers.generation.utils._speculative_sampling``.
 
-    p_target:     ``[K+1, V]`` target distributions (after all sampling rules).
-    q_draft:      ``[K, V]`` draft distributions ``draft_tokens`` were drawn from.
-    draft_tokens: ``[K]`` ints.
-    rng:          an integer seed for torch's global CPU generator (statistical mode;
-                  the caller's generator state is restored afterwards).
-    dtype:        the logits' dtype; ``"float32"`` is what ``generate`` hands it.
-    assistant_ensemble_weight: None (the lossless algorithm) or HF's DIVERSE weight
-                  ``w`` in (0, 1) -- an approximate method, in transformers >= 5.14.
+    - ``p_target``: ``[K+1, V]`` target distributions (after all sampling rules).
+    - ``q_draft``: ``[K, V]`` draft distributions ``draft_tokens`` were drawn from.
+    - ``draft_tokens``: ``[K]`` ints.
+    - ``rng``: an integer seed for torch's global CPU generator (statistical mode; the
+      caller's generator state is restored afterwards).
+    - ``dtype``: the logits' dtype; ``"float32"`` is what ``generate`` hands it.
+    - ``assistant_ensemble_weight``: None (the lossless algorithm) or HF's DIVERSE weight
+      ``w`` in (0, 1) -- an approximate method, in transformers >= 5.14.
+
     Returns the emitted tokens, 1 to K+1 of them.
     """
     fn, params = _speculative_sampling()

@@ -89,15 +89,17 @@ def residual(p, q):
 def speculative_step(p_target, q_draft, draft_tokens, rng, *, check: bool = True) -> list[int]:
     """Accept draft tokens until the first rejection; then a residual or a bonus token.
 
-    p_target:     ``[K+1, V]`` target distributions for the K+1 prefixes (one target call).
-    q_draft:      ``[K, V]`` draft distributions that ``draft_tokens`` were drawn from.
-    draft_tokens: ``[K]`` ints; ``draft_tokens[i] ~ q_draft[i]``.
-    rng:          anything with ``random()`` (a uniform in [0, 1), only compared with
-                  thresholds) and ``choice(n, p=probs)``: a ``numpy.random.Generator``,
-                  or the exact enumerator's generator.
+    - ``p_target``: ``[K+1, V]`` target distributions for the K+1 prefixes (one target call).
+    - ``q_draft``: ``[K, V]`` draft distributions that ``draft_tokens`` were drawn from.
+    - ``draft_tokens``: ``[K]`` ints; ``draft_tokens[i] ~ q_draft[i]``.
+    - ``rng``: anything with ``random()`` (a uniform in [0, 1), only compared with
+      thresholds) and ``choice(n, p=probs)``: a ``numpy.random.Generator``, or the exact
+      enumerator's generator.
+
     Returns the emitted tokens, 1 to K+1 of them.
 
     Edge cases:
+
     - ``q(x_i) = 0``: the draft cannot have proposed ``x_i``; SpecrefError.
     - ``p(x_i) = 0``: the ratio is 0, so ``x_i`` is always rejected.
     - ``p = q``: every ratio is 1, every token accepted; the residual (0/0) is never evaluated.
@@ -105,6 +107,7 @@ def speculative_step(p_target, q_draft, draft_tokens, rng, *, check: bool = True
       correction draws from ``p_i`` instead of dividing by ~0.
     - rejection at position 1 emits one token; all K accepted emit K+1 (the bonus
       from ``p_target[K]``); K = 1 is the same algorithm with one draft token.
+
     Set ``check=False`` only when the rows come from :mod:`specref.core.sampling` already.
     """
     if check:

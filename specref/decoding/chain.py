@@ -1,6 +1,7 @@
 """The decoding loops: plain target sampling and speculative decoding (SPEC §4).
 
 A **model** is either
+
 - a callable ``model(tokens) -> logits`` of shape ``[len(tokens), V]``: row ``i`` holds
   the logits of the token that follows ``tokens[:i+1]`` (picoGPT style: every position,
   because verification needs K+1 rows from one call), or

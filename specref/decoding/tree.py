@@ -4,11 +4,13 @@ One iteration on the prefix ``tokens``:
 
 1. draft a tree of shape ``widths`` (``widths[d]`` children under every node at depth
    ``d``) from the draft model's rows; the children of a node are
+
    - ``"topk"``: the ``w`` most likely draft tokens, distinct, no randomness (point mass,
      as EAGLE-2/3 and SGLang draft them; lowest id first on ties);
    - ``"iid"``: ``w`` i.i.d. draws from the draft row (SpecInfer, K-SEQ);
    - ``"without_replacement"``: ``w`` draws without replacement (RSD), one at a time
      from the renormalised remainder;
+
 2. one target call scores every node: ``p_target [N, V]``;
 3. ``verify(tree, p_target, q_draft | None, rng) -> (path, next_token)``
    (:mod:`specref.core.tree_verify`); the block is the path's tokens and the next token.

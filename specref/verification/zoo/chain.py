@@ -32,33 +32,33 @@ supports exact mode also takes an integer seed (it then draws from
 
 The catalogue (``python -c "import specref.verification.zoo.chain as z; [print(e) for e in z.entries()]"``):
 
-====  ==========================  =======  ======================================================
-§7    name                        level    what is wrong
-====  ==========================  =======  ======================================================
-1     residual_from_p             step     correction drawn from p_i, not the residual
-2     fallback_to_draft_token     step     no correction: the rejected draft token is kept
-2     fallback_to_argmax          step     no correction: argmax p_i is emitted
-3     deterministic_accept        step     accept iff p >= q; no random 1 - p/q rejection
-4     no_truncation               step     every position judged; rejected ones replaced, no stop
-5     bonus_from_p_K              step     bonus drawn from p_K instead of p_{K+1}
-5     bonus_from_draft            decoder  bonus replaced by an unverified (K+1)-th draft token
-6     off_by_one_rows             step     draft token i judged against target row i+1
-7     top_p_target_only           logits   top-p left off the draft side of the test
-7     temperature_draft_only      logits   temperature applied to the draft only
-7     rules_reordered             logits   target truncated before temperature, draft after
-8     raw_acceptance              logits   accept ratio from raw softmax, sampling processed
-9     residual_unnormalised       step     residual never normalised (inverse-CDF sampler)
-9     residual_wrong_axis         step     residual normalised over positions, not tokens
-10    eos_mid_block_continues     decoder  stop token mid-block does not end generation
-10    max_length_leak             decoder  last block not cut at max_new_tokens
-11    residual_clipped_after_norm step     p - q normalised by its L1 norm, then clipped
-12    kv_cache_not_rolled_back    decoder  the context keeps discarded draft tokens
-12    kv_cache_refeeds_prefix     decoder  the whole prefix fed again on top of the target's cache
--     typical_acceptance          step     (approximate) Medusa typical acceptance
--     lenience                    step     (approximate) accept with min(1, p / (l q)), l = 0.5
--     reference                   step     (correct) specref.core.step.speculative_step
--     exponential_race            step     (correct, statistical) argmax(w / E) recovery
-====  ==========================  =======  ======================================================
+==  ===========================  =======  ======================================================
+§7  name                         level    what is wrong
+==  ===========================  =======  ======================================================
+1   residual_from_p              step     correction drawn from p_i, not the residual
+2   fallback_to_draft_token      step     no correction: the rejected draft token is kept
+2   fallback_to_argmax           step     no correction: argmax p_i is emitted
+3   deterministic_accept         step     accept iff p >= q; no random 1 - p/q rejection
+4   no_truncation                step     every position judged; rejected ones replaced, no stop
+5   bonus_from_p_K               step     bonus drawn from p_K instead of p_{K+1}
+5   bonus_from_draft             decoder  bonus replaced by an unverified (K+1)-th draft token
+6   off_by_one_rows              step     draft token i judged against target row i+1
+7   top_p_target_only            logits   top-p left off the draft side of the test
+7   temperature_draft_only       logits   temperature applied to the draft only
+7   rules_reordered              logits   target truncated before temperature, draft after
+8   raw_acceptance               logits   accept ratio from raw softmax, sampling processed
+9   residual_unnormalised        step     residual never normalised (inverse-CDF sampler)
+9   residual_wrong_axis          step     residual normalised over positions, not tokens
+10  eos_mid_block_continues      decoder  stop token mid-block does not end generation
+10  max_length_leak              decoder  last block not cut at max_new_tokens
+11  residual_clipped_after_norm  step     p - q normalised by its L1 norm, then clipped
+12  kv_cache_not_rolled_back     decoder  the context keeps discarded draft tokens
+12  kv_cache_refeeds_prefix      decoder  the whole prefix fed again on top of the target's cache
+-   typical_acceptance           step     (approximate) Medusa typical acceptance
+-   lenience                     step     (approximate) accept with min(1, p / (l q)), l = 0.5
+-   reference                    step     (correct) specref.core.step.speculative_step
+-   exponential_race             step     (correct, statistical) argmax(w / E) recovery
+==  ===========================  =======  ======================================================
 
 Decisions where the bug's description leaves room (each also at its function):
 
