@@ -213,3 +213,36 @@ def test_tree_decoding_with_the_toy_transformers_has_the_target_law(scheme, veri
                          max_new_tokens=3)
     c = compare(law_iterated((), it), target_law(target, prompt, config, 3))
     assert not c.exact and c.tv <= 1e-12, str(c)
+
+
+def test_kseq_rho_is_exactly_one_when_one_is_feasible():
+    """p = q: beta(1) = 1 exactly, so rho = 1; float rounding of the bisection once gave 1001/1000."""
+    from fractions import Fraction
+
+    from specref.core.tree_verify import kseq_rho
+
+    for V in (2, 3, 7):
+        p = np.array([Fraction(1, V)] * V, dtype=object)
+        for k in (2, 3, 5):
+            assert kseq_rho(p, p.copy(), k) == Fraction(1)
+
+
+def test_kseq_rho_keeps_float_and_fraction_rows_apart():
+    """Fraction(1, 2) == 0.5 and hashes alike: after a float call an exact law must still get a Fraction."""
+    from fractions import Fraction
+
+    from specref.core.tree_verify import _beta, kseq_rho
+
+    pf, qf = np.array([0.5, 0.25, 0.25]), np.array([0.25, 0.5, 0.25])
+    pe = np.array([Fraction(1, 2), Fraction(1, 4), Fraction(1, 4)], dtype=object)
+    qe = np.array([Fraction(1, 4), Fraction(1, 2), Fraction(1, 4)], dtype=object)
+    float_rho = kseq_rho(pf, qf, 2)
+    exact_rho = kseq_rho(pe, qe, 2)
+    assert isinstance(float_rho, float) and isinstance(exact_rho, Fraction)
+
+    def ok(rho):  # the defining inequality, in exact arithmetic (independent of the bisection)
+        b = _beta(pe, qe, rho)
+        return rho * b >= 1 - (1 - b) ** 2
+
+    assert ok(exact_rho) and not ok(exact_rho - Fraction(1, 1000))  # the smallest feasible multiple of 1/1000
+    assert abs(float(exact_rho) - float_rho) < 1e-3

@@ -187,12 +187,14 @@ def kseq_rho(p, q, k: int):
     satisfying it is lossless); the smallest one maximises the acceptance
     ``1 - (1 - beta)^k``.  Float rows: bisection to 1e-13.  Fraction rows: the
     smallest multiple of 1/1000 above the bisection point that
-    satisfies the inequality exactly (so the law stays exact and lossless).
+    satisfies the inequality exactly (so the law stays exact and lossless); 1 itself when
+    it satisfies it exactly.
     """
     k = check_positive_int("k", k)
     if k == 1:
         return Fraction(1) if is_exact(p) else 1.0
-    key = (tuple(p.tolist()), tuple(q.tolist()), k)
+    # the kind is part of the key: Fraction(1, 2) == 0.5 hashes alike, and an exact law must not get a float rho
+    key = (is_exact(p) and is_exact(q), tuple(p.tolist()), tuple(q.tolist()), k)
     if key not in _RHO:
         _RHO[key] = _rho(p, q, k)
     return _RHO[key]
@@ -216,8 +218,11 @@ def _rho(p, q, k):
         lo, hi = (lo, mid) if ok(mid) else (mid, hi)
     if not is_exact(p):
         return hi
+    if ok(Fraction(1), p, q):  # exactly feasible at 1 (p = q, say): float rounding must not move it up
+        return Fraction(1)
     den = 1000  # small denominators keep the exact law's fractions short
-    rho = Fraction(math.ceil(hi * den), den)
+    # from one step below the float point (rounding may put it just above the exact one), upwards
+    rho = max(Fraction(1), Fraction(math.floor(hi * den) - 1, den))
     while not ok(rho, p, q):  # exact check; a few steps at most
         rho += Fraction(1, den)
     return min(rho, Fraction(k))
