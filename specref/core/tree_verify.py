@@ -371,3 +371,129 @@ VERIFIERS = {
     "typical": typical_acceptance,
 }
 """The reference verifiers by name."""
+
+
+# ---------------------------------------------------------------- (h) traversal verification
+
+
+class _Traversal:
+    """The working state of one traversal: per node its rows ``M_b``, ``M_s``, its rate ``p_alpha``, alive or deleted.
+
+    ``mb[i]`` starts as ``p_target[i]`` and ``ms[i]`` as ``q_draft[i]``; both change only at a
+    node one of whose children was rejected (its residual target and draft).  ``pa[i]`` is the
+    sequence-level acceptance rate of the chain from the root to ``i``.
+    """
+
+    def __init__(self, tree: DraftTree, p_target, q_draft):
+        self.tree = tree
+        self.kids = [[] for _ in range(tree.size)]
+        for i in range(1, tree.size):
+            self.kids[tree.parents[i]].append(i)
+        self.mb = [row.copy() for row in p_target]
+        self.ms = [row.copy() for row in q_draft]
+        self.pa = [Fraction(1) if is_exact(p_target) else 1.0] + [None] * (tree.size - 1)
+        self.alive = [True] * tree.size
+
+    def alive_kids(self, node: int) -> list[int]:
+        return [c for c in self.kids[node] if self.alive[c]]
+
+    def refresh(self, top: int) -> None:
+        """``p_alpha(X_i) = min(p_alpha(X_{i-1}) M_b(X_i | X^{i-1}) / M_s(X_i | X^{i-1}), 1)`` below ``top``.
+
+        Nodes come after their parents (``parents[i] < i``), so one pass in node order
+        recomputes every alive descendant of ``top`` from its parent's (new) rate and rows.
+        """
+        done = {top}
+        for i in range(top + 1, self.tree.size):
+            a = self.tree.parents[i]
+            if a in done and self.alive[i]:
+                x = self.tree.tokens[i]
+                self.pa[i] = min(self.pa[a] * self.mb[a][x] / self.ms[a][x], 1)
+                done.add(i)
+
+
+def _traversal_residual(state: _Traversal, u: int, x: int, *, replacement: bool) -> None:
+    """Algorithm 1's update at the parent ``u`` of a rejected leaf carrying token ``x``.
+
+    With ``p = p_alpha(u)``, ``M_b = M_b(. | X^u)``, ``M_s = M_s(. | X^u)`` before the update and
+    ``S = sum_x max(p M_b(x) - M_s(x), 0)``:
+
+    - ``M_b <- norm(max(p M_b - M_s, 0))`` (``M_b`` kept when ``p = 0``: ``u`` can then never
+      be accepted, so the row is never drawn from);
+    - ``M_s <- M_s`` with ``x`` removed and renormalised (drafting without replacement; only
+      while a sibling is left to judge); ``replacement=True`` keeps ``M_s`` (i.i.d. children);
+    - ``p_alpha(u) <- S / (S + 1 - p)``.  The denominator is 0 only when ``p = 1`` and ``S = 0``,
+      which no rejection reaches with positive probability; the rate is then kept (1).
+    """
+    p, mb, ms = state.pa[u], state.mb[u], state.ms[u]
+    s = residual_weights(p * mb, ms).sum()
+    den = s + 1 - p
+    state.pa[u] = s / den if den != 0 else p
+    if p != 0:
+        state.mb[u] = positive_residual(p * mb, ms)  # norm([p_alpha M_b - M_s]_+)
+    if not replacement and state.alive_kids(u):
+        ms = ms.copy()
+        ms[x] = 0 * ms[x]
+        state.ms[u] = ms / ms.sum()
+
+
+def _traverse(tree: DraftTree, p_target, q_draft, rng, on_reject):
+    """Traversal verification's loop, the update at a rejection as a hook ``on_reject(state, u, x)``.
+
+    The steps cited are those of Weng et al.'s Algorithm 1 as :func:`traversal_verify` states them.
+    """
+    state = _Traversal(tree, p_target, q_draft)
+    state.refresh(ROOT)  # (1) initial sequence-level rates, p_alpha(X_0) = 1
+    while True:
+        node = ROOT  # (2) the first node of the remaining tree in post-order: its leftmost leaf
+        while state.alive_kids(node):
+            node = state.alive_kids(node)[0]
+        if node == ROOT:  # every chain rejected: nothing accepted, y ~ the root's residual M_b
+            return [], draw(rng, state.mb[ROOT])
+        if rng.random() < state.pa[node]:  # (3) eta < p_alpha(X_gamma): accept the whole chain
+            return tree.path(node), draw(rng, state.mb[node])  # y ~ M_b(. | X^gamma) (a residual if it lost children)
+        state.alive[node] = False  # (4) reject: delete the leaf,
+        parent = tree.parents[node]
+        on_reject(state, parent, tree.tokens[node])  # (5) residual M_b, M_s, p_alpha at its parent,
+        state.refresh(parent)  # (6) and new rates for every chain still below the parent
+
+
+def traversal_verify(tree: DraftTree, p_target, q_draft, rng, *, replacement: bool = False, check: bool = True):
+    """Traversal verification (Weng et al., NeurIPS 2025, arXiv 2505.12398): leaves to root, whole chains.
+
+    ``M_b = p_target`` (target), ``M_s = q_draft`` (draft), per node.  Algorithm 1:
+
+    1. every node gets the sequence-level rate ``p_alpha(X_i) = min(p_alpha(X_{i-1})
+       M_b(X_i | X^{i-1}) / M_s(X_i | X^{i-1}), 1)``, ``p_alpha(X_0) = 1`` at the root;
+    2. take the first leaf ``X_gamma`` of the remaining tree in post-order (first children
+       first; node order is sibling order);
+    3. draw ``eta ~ U(0, 1)``; if ``eta < p_alpha(X_gamma)``, accept the whole chain from the
+       root to ``X_gamma`` and draw the next token from ``M_b(. | X^gamma)`` (the fresh target
+       row at an original leaf, the residual at a node whose children were all rejected);
+    4. else delete ``X_gamma`` and, at its parent ``X_{gamma-1}`` with ``p = p_alpha``,
+       ``M_b <- norm([p M_b - M_s]_+)``, ``M_s <- norm(M_s without X_gamma)``,
+       ``p_alpha <- S / (S + 1 - p)`` with ``S = sum [p M_b - M_s]_+``; recompute ``p_alpha`` of
+       every chain still below ``X_{gamma-1}``; go to 2.  When only the root is left, nothing
+       is accepted and the next token is drawn from the root's residual ``M_b``.
+
+    A parent is judged only after all its children were rejected.  Drafting: the children of a
+    node are drawn **without replacement** from ``q_draft[node]`` (the paper's setting, the
+    ``M_s`` update above; distinct children required).  ``replacement=True`` keeps ``M_s`` on a
+    rejection, for i.i.d. children (SpecInfer's drafting): not in the paper; its law is
+    checked exactly like the paper's rule.  On one node it is RRS (with or without
+    replacement); on a chain it is :func:`block_verify` (``h_i = Z_i / (Z_i + 1 - p_i)`` is step
+    4's rate), the chain optimum.  Coins: one ``rng.random()`` per judged chain.
+    Confirmed against a summary of the paper (its Figure 1 order ``X_3, X_4, X_1, X_5, X_2``,
+    the initial rates and the ``M_b`` update); the ``p_alpha`` and ``M_s`` updates follow
+    block verification and RSD, and the exact tests confirm the law.
+    """
+    if check:
+        p_target, q_draft = _need_q(tree, p_target, q_draft, "traversal_verify")
+        if not replacement:
+            tree.check_distinct_children("traversal verification without replacement")
+    return _traverse(tree, p_target, q_draft, rng,
+                     lambda state, u, x: _traversal_residual(state, u, x, replacement=replacement))
+
+
+__all__.append("traversal_verify")
+VERIFIERS["traversal"] = traversal_verify
