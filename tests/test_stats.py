@@ -322,3 +322,14 @@ def test_single_outcome_null_is_planned_in_closed_form():
     rng = np.random.default_rng(3)
     hits = sum(g_test(rng.multinomial(n, [0.99, 0.005, 0.005]), null).rejects(1e-6) for _ in range(2000))
     assert hits / 2000 >= 0.9 - 3 * math.sqrt(0.09 / 2000)
+
+
+def test_detectable_tv_of_a_point_mass_is_the_closed_form():
+    """One possible outcome: n samples see TV t with power 1 - (1 - t)^n, so the detectable TV is
+    1 - 0.1^(1/n); the planner's probe at an absurd TV once overflowed at n = 200."""
+    import numpy as np
+
+    from specref.verification.statistics.counts import detectable_tv
+
+    for n in (50, 200, 2000):
+        assert detectable_tv(n, 1e-6, 0.9, 2, null=np.array([1.0, 0.0])) == pytest.approx(1 - 0.1 ** (1 / n), rel=1e-6)

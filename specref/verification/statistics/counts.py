@@ -277,7 +277,7 @@ def _power(n: int, tv: float, alpha: float, k: int, m: float, null) -> float:
     if null is not None and len(null) == 1:
         # one possible outcome: every other outcome is impossible, and one sample on it
         # rejects outright; an alternative at TV >= tv puts mass >= tv there
-        return 1.0 - (1.0 - tv) ** n
+        return 1.0 - (1.0 - min(tv, 1.0)) ** n  # a TV above 1 (the planner's probe) is a TV of 1
     if null is None:
         hidden = m * k / n  # the pool's null mass is below m k / N, whatever the null
         dof = k - 1  # the most bins pooling can leave

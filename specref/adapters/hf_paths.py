@@ -1,0 +1,553 @@
+"""Hugging Face ``generate``'s other speculative paths under the decoder-level oracle (SPEC §4, §6, §15).
+
+transformers 5.24 picks a candidate generator in ``GenerationMixin._get_candidate_generator``
+(``generation/utils.py``); :mod:`specref.adapters.hf_generate` checks the default one,
+``AssistedCandidateGenerator``.  This module puts the others that run on a CPU with table
+models behind specref's decoder protocol, each as a class in the mould of
+:class:`~specref.adapters.hf_generate.HFGenerate` (same seeding, one torch thread, the same
+ground truth: plain sampling with HF's processors, :func:`~specref.adapters.hf_generate.hf_rules`):
+
+- :class:`HFPromptLookup` -- ``prompt_lookup_num_tokens=K``: ``PromptLookupCandidateGenerator``
+  drafts the continuation of the last n-gram's earlier occurrence in the prompt and output; no
+  draft probabilities, so ``generate`` samples every position from ``p`` and keeps candidates
+  while they match (its "Case 2").  The case's draft is not used.
+- :class:`HFEarlyExit` -- ``assistant_early_exit=1``: ``EarlyExitCandidateGenerator`` drafts
+  with the target itself, ``config.num_hidden_layers`` lowered to 1 while it drafts.
+  :func:`early_exit_model` is a two-"layer" table model whose forward reads that setting: the
+  case's draft table at one layer, its target table at two.
+- :class:`HFUniversal` -- ``tokenizer=``, ``assistant_tokenizer=``: a draft of another
+  vocabulary.  ``do_sample=True`` selects ``UniversalSpeculativeDecodingGenerator`` (TLI, Timor
+  et al. ICML 2025 §4: the assistant's LM head pruned to the shared tokens, its logits mapped to
+  the target's ids, then ``_speculative_sampling``); ``do_sample=False``
+  ``AssistedCandidateGeneratorDifferentTokenizers`` (SLEM-style greedy matching through text).
+  The draft model and the two tokenizers are bound; the case's draft table is not used.
+  :func:`embedded_model` gives the assistant an ``nn.Embedding`` and an ``nn.Linear`` LM head
+  (identity matrices around the table's rows), which the pruning replaces.
+- :class:`HFEnsemble` -- ``assistant_ensemble_weight=w`` on the default path: HF's static
+  ensemble verification, documented as not lossless; the oracle must flag it.
+  :func:`ensemble_step` is the same rule as a step for specref's loop, so its exact law (and TV)
+  is :func:`ensemble_law`.
+
+Not here: ``MTPCandidateGenerator`` (``use_mtp``: ``num_mtp_layers`` in the model config and
+``MtpModel.from_pretrained(main_model)``, MTP weights of a real architecture),
+``DFlashTokenCandidateGenerator`` (``speculation_type="dflash"``: an assistant config with
+``target_layer_ids``, ``block_size``, ``mask_token_id`` fed the target's hidden states of those
+layers) and ``SinglePositionMultiTokenCandidateGenerator`` (chosen by class name:
+``Gemma4Assistant*`` with a ``Gemma4*``/``Gemma3n*`` target's shared KV states) -- each needs a
+real architecture's hidden states, not table rows.
+
+torch and transformers are imported inside the functions, as in :mod:`specref.adapters.hf_models`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import numpy as np
+
+from specref.adapters.hf_generate import hf_rules
+from specref.adapters.hf_models import hf_model, torch_seeded
+from specref.core.errors import SpecrefError
+from specref.core.sampling import SamplingConfig
+from specref.verification.cases.models import logits_fn
+
+__all__ = ["HFPath", "HFPromptLookup", "HFEarlyExit", "HFUniversal", "HFEnsemble", "early_exit_model",
+           "embedded_model", "hf_tokenizer", "target_logit_columns", "repaired_translator", "ensemble_step",
+           "ensemble_law", "path_cases", "NEG_LOGIT"]
+
+NEG_LOGIT = -1e4  # a -inf logit as the embedded model's hidden state: exp underflows to 0 in float32
+
+
+def _hf():
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
+    from transformers.generation import GenerationMixin
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return torch, PretrainedConfig, PreTrainedModel, GenerationMixin, CausalLMOutputWithPast
+
+
+def _output(logits, cache):
+    CausalLMOutputWithPast = _hf()[4]
+    field = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+    out = CausalLMOutputWithPast(logits=logits)
+    if cache is not None:
+        out[field] = cache
+    return out
+
+
+def _input_ids(input_ids, V):
+    torch = _hf()[0]
+    input_ids = torch.as_tensor(input_ids)
+    if input_ids.ndim == 1:
+        input_ids = input_ids[None]
+    if input_ids.ndim != 2 or input_ids.shape[1] == 0 or input_ids.dtype.is_floating_point \
+            or input_ids.min() < 0 or input_ids.max() >= V:
+        raise SpecrefError(f"input_ids must be token ids in 0..{V - 1} of shape [B, n], got {input_ids.tolist()}")
+    return input_ids.long()
+
+
+def _context_rows(fn, cache, ids, use_cache):
+    """``(logits [B, n, V] float32 for the new tokens, contexts, cache)``: row ``j`` from the cached
+    token ids followed by ``ids[:, :j + 1]``.  The cache (a transformers ``Cache``, started here for
+    ``use_cache``) holds the token ids as keys ``[B, 1, L, 1]`` and is updated in place."""
+    torch = _hf()[0]
+    if cache is None and use_cache:
+        from transformers.cache_utils import DynamicCache
+
+        cache = DynamicCache()
+    n = ids.shape[1]
+    if cache is None:
+        cached = [[] for _ in range(ids.shape[0])]
+    else:
+        new = ids.to(torch.float32)[:, None, :, None]
+        keys, _ = cache.update(new, new.clone(), 0)
+        cached = [[int(t) for t in row] for row in keys[:, 0, : keys.shape[2] - n, 0].round().long().tolist()]
+    contexts = [cached[b] + ids[b].tolist() for b in range(ids.shape[0])]
+    rows = np.stack([fn(context)[-n:] for context in contexts]).astype(np.float32)
+    return torch.from_numpy(rows), contexts, cache
+
+
+# ---------------------------------------------------------------- models
+
+
+@functools.cache
+def _layers_config():
+    PretrainedConfig = _hf()[1]
+
+    class SpecrefLayersConfig(PretrainedConfig):
+        model_type = "specref-table-layers"
+
+        def __init__(self, vocab_size=2, num_hidden_layers=1, **kwargs):
+            super().__init__(**kwargs)
+            self.vocab_size, self.num_hidden_layers = vocab_size, num_hidden_layers
+
+    return SpecrefLayersConfig
+
+
+@functools.cache
+def _early_exit_class():
+    torch, _, PreTrainedModel, GenerationMixin, _ = _hf()
+    SpecrefLayersConfig = _layers_config()
+
+    class _Stack(torch.nn.Module):  # the "base model" early exit reads num_hidden_layers from
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+
+    class EarlyExitTableModel(PreTrainedModel, GenerationMixin):
+        """Table rows by depth: the draft's at fewer than ``config.num_hidden_layers`` layers."""
+
+        config_class = SpecrefLayersConfig
+        base_model_prefix = "model"
+        main_input_name = "input_ids"
+        _supports_cache_class = True
+
+        def __init__(self, config, target=None, draft=None):
+            super().__init__(config)
+            self.model = _Stack(config)
+            self.full_layers = config.num_hidden_layers
+            self.target_rows, self.draft_rows = logits_fn(target), logits_fn(draft)
+            self.calls = []  # (context, new tokens, layers) per forward call
+            self.anchor = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
+
+        def forward(self, input_ids=None, past_key_values=None, attention_mask=None, use_cache=None, **kwargs):
+            input_ids = _input_ids(input_ids, self.config.vocab_size)
+            layers = self.model.config.num_hidden_layers
+            rows = self.target_rows if layers >= self.full_layers else self.draft_rows
+            logits, contexts, cache = _context_rows(rows, kwargs.get("cache", past_key_values), input_ids, use_cache)
+            self.calls.append((contexts[0], input_ids.shape[1], layers))
+            return _output(logits, cache)
+
+    return EarlyExitTableModel
+
+
+@functools.cache
+def _embedded_class():
+    torch, _, PreTrainedModel, GenerationMixin, _ = _hf()
+    SpecrefLayersConfig = _layers_config()
+
+    class EmbeddedTableModel(PreTrainedModel, GenerationMixin):
+        """Table rows behind an identity ``nn.Embedding`` and an identity ``nn.Linear`` LM head.
+
+        The forward reads the token ids back from the embeddings (one-hot rows), so a wrapped
+        embedding (``_MapInputEmbedding``) decides which tokens the model sees; the table's logits
+        are the hidden state (``-inf`` as :data:`NEG_LOGIT`) and the head (pruned or not) maps them.
+        """
+
+        config_class = SpecrefLayersConfig
+        main_input_name = "input_ids"
+        _supports_cache_class = True
+
+        def __init__(self, config, model=None):
+            super().__init__(config)
+            V = config.vocab_size
+            self.rows = logits_fn(model)
+            self.embed_tokens = torch.nn.Embedding(V, V)
+            self.lm_head = torch.nn.Linear(V, V, bias=False)
+            with torch.no_grad():
+                self.embed_tokens.weight.copy_(torch.eye(V))
+                self.lm_head.weight.copy_(torch.eye(V))
+            self.calls = []  # (context it saw, new tokens) per forward call
+
+        def get_input_embeddings(self):
+            return self.embed_tokens
+
+        def set_input_embeddings(self, value):
+            self.embed_tokens = value
+
+        def get_output_embeddings(self):
+            return self.lm_head
+
+        def set_output_embeddings(self, value):
+            self.lm_head = value
+
+        def forward(self, input_ids=None, past_key_values=None, attention_mask=None, use_cache=None,
+                    inputs_embeds=None, **kwargs):
+            if inputs_embeds is None:
+                inputs_embeds = self.get_input_embeddings()(_input_ids(input_ids, self.config.vocab_size))
+            ids = inputs_embeds.argmax(dim=-1)  # [B, n]: the tokens the embedding layer handed over
+            logits, contexts, cache = _context_rows(self.rows, kwargs.get("cache", past_key_values), ids, use_cache)
+            self.calls.append((contexts[0], ids.shape[1]))
+            hidden = torch.nan_to_num(logits, neginf=NEG_LOGIT)
+            return _output(self.get_output_embeddings()(hidden), cache)
+
+    return EmbeddedTableModel
+
+
+def _generation_config(model, settings):
+    from specref.adapters.hf_models import generation_config
+
+    model.generation_config = generation_config(settings["config"], stop_tokens=settings["stop_tokens"],
+                                                max_new_tokens=settings["max_new_tokens"], k=settings["k"])
+    model.eval()
+    return model
+
+
+def _special(stop_tokens):
+    stops = [int(t) for t in stop_tokens]
+    eos = None if not stops else stops[0] if len(stops) == 1 else stops
+    return dict(pad_token_id=stops[0] if stops else 0, eos_token_id=eos)
+
+
+def early_exit_model(target, draft, *, layers: int = 2, config: SamplingConfig = SamplingConfig(), stop_tokens=(),
+                     max_new_tokens=None, k=None):
+    """A ``PreTrainedModel`` that is ``target`` at ``layers`` hidden layers and ``draft`` below them
+    (same vocabulary), for ``assistant_early_exit``."""
+    config_class, model_class = _layers_config(), _early_exit_class()
+    V = logits_fn(target).vocab_size
+    if logits_fn(draft).vocab_size != V:
+        raise SpecrefError(f"early exit drafts with the target itself: the draft's V must be the target's ({V})")
+    model = model_class(config_class(vocab_size=V, num_hidden_layers=layers, **_special(stop_tokens)), target, draft)
+    return _generation_config(model, dict(config=config, stop_tokens=stop_tokens, max_new_tokens=max_new_tokens, k=k))
+
+
+def embedded_model(model, *, config: SamplingConfig = SamplingConfig(), stop_tokens=(), max_new_tokens=None, k=None):
+    """Any specref model as a ``PreTrainedModel`` with input embeddings and an LM head (an assistant
+    whose head ``UniversalSpeculativeDecodingGenerator`` can prune)."""
+    config_class, model_class = _layers_config(), _embedded_class()
+    V = logits_fn(model).vocab_size
+    hf = model_class(config_class(vocab_size=V, **_special(stop_tokens)), model)
+    return _generation_config(hf, dict(config=config, stop_tokens=stop_tokens, max_new_tokens=max_new_tokens, k=k))
+
+
+def hf_tokenizer(tokenizer):
+    """A tokenizer with a ``tokenizers.Tokenizer`` at ``.tokenizer`` (``toy_models.tokenizers.ToyTokenizer``)
+    as a ``transformers.PreTrainedTokenizerFast``, which ``generate(tokenizer=...)`` takes."""
+    from transformers import PreTrainedTokenizerFast
+
+    inner = getattr(tokenizer, "tokenizer", tokenizer)
+    if not hasattr(inner, "encode") or not hasattr(inner, "get_vocab"):
+        raise SpecrefError(f"hf_tokenizer needs a tokenizers.Tokenizer (or an object holding one at .tokenizer), "
+                           f"got {type(tokenizer).__name__}")
+    return PreTrainedTokenizerFast(tokenizer_object=inner, clean_up_tokenization_spaces=False)
+
+
+# ---------------------------------------------------------------- the implementations
+
+
+class HFPath:
+    """A decoder-level implementation: ``target.generate(prompt, **kwargs)`` on one of HF's paths.
+
+    Subclasses say what to build (:meth:`prepare`).  ``rng`` is an integer seed (statistical mode),
+    handed to torch's global generator inside ``fork_rng``.  Models are built once per case and
+    settings and kept; after each call ``last_target_calls`` holds the target's forward calls.
+    """
+
+    specref_rules = staticmethod(hf_rules)  # the ground truth: plain sampling with HF's processors
+
+    def __init__(self):
+        self._built = {}
+        self.last_target_calls = None
+        self.target_calls = []
+        self.__name__ = type(self).__name__
+
+    def __call__(self, target, draft, prompt, *, k, config, max_new_tokens, stop_tokens=(), rng):
+        return torch_seeded(self._generate)(target, draft, prompt, k=k, config=config,
+                                            max_new_tokens=max_new_tokens, stop_tokens=stop_tokens, rng=rng)
+
+    def prepare(self, target, draft, settings) -> tuple:
+        """``(hf target, generate kwargs, count(hf target) -> target calls)`` for one case and its settings."""
+        raise NotImplementedError
+
+    def _generate(self, target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng):
+        import torch
+
+        if max_new_tokens == 0:
+            return []
+        settings = dict(config=config, stop_tokens=tuple(stop_tokens), max_new_tokens=max_new_tokens, k=k)
+        key = (_table_key(target), _table_key(draft), repr(sorted(settings.items())))
+        if key not in self._built:
+            self._built[key] = self.prepare(target, draft, settings)
+        hf_target, kwargs, count = self._built[key]
+        for model in {id(m): m for m in [hf_target, *[v for v in kwargs.values() if hasattr(v, "calls")]]}.values():
+            model.calls.clear()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.no_grad():
+                out = hf_target.generate(torch.tensor([list(prompt)]), **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+        self.last_target_calls = count(hf_target)
+        self.target_calls.append(self.last_target_calls)
+        return out[0, len(prompt):].tolist()
+
+    def __getstate__(self):  # to a shard's worker: the settings travel, the built models do not
+        state = dict(self.__dict__)
+        state.update(_built={}, last_target_calls=None, target_calls=[])
+        if "assistants" in state:
+            state["assistants"] = {}
+        return state
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+def _table_key(model):
+    table = getattr(model, "table", None)
+    if table is None:
+        return id(model)
+    return (type(model).__name__, table.dtype.str, table.shape, table.tobytes())
+
+
+def _calls(model):
+    return len(model.calls)
+
+
+class HFPromptLookup(HFPath):
+    """``generate(prompt_lookup_num_tokens=K, max_matching_ngram_size=n)``; K is the case's unless given."""
+
+    def __init__(self, num_tokens: int | None = None, max_matching_ngram_size: int = 2):
+        super().__init__()
+        self.num_tokens, self.max_matching_ngram_size = num_tokens, max_matching_ngram_size
+
+    def prepare(self, target, draft, settings):
+        kwargs = dict(prompt_lookup_num_tokens=self.num_tokens or settings["k"],
+                      max_matching_ngram_size=self.max_matching_ngram_size)
+        return hf_model(target, **settings), kwargs, _calls
+
+    def __repr__(self):
+        return f"HFPromptLookup(num_tokens={self.num_tokens}, max_matching_ngram_size={self.max_matching_ngram_size})"
+
+
+class HFEarlyExit(HFPath):
+    """``generate(assistant_early_exit=layer)`` on :func:`early_exit_model` (case target at 2 layers, draft at 1)."""
+
+    def __init__(self, layer: int = 1):
+        super().__init__()
+        self.layer = layer
+
+    def prepare(self, target, draft, settings):
+        model = early_exit_model(target, draft, layers=2, **settings)
+        return model, dict(assistant_early_exit=self.layer), \
+            lambda m: sum(1 for _, _, layers in m.calls if layers >= m.full_layers)
+
+    def __repr__(self):
+        return f"HFEarlyExit(layer={self.layer})"
+
+
+class HFEnsemble(HFPath):
+    """Assisted ``generate`` with ``assistant_ensemble_weight=weight`` (approximate by HF's own account)."""
+
+    def __init__(self, weight: float):
+        super().__init__()
+        if not 0 < weight < 1:
+            raise SpecrefError(f"assistant_ensemble_weight must be in (0, 1), got {weight!r}")
+        self.weight = float(weight)
+
+    def prepare(self, target, draft, settings):
+        t = hf_model(target, **settings)
+        t.generation_config.assistant_ensemble_weight = self.weight
+        return t, dict(assistant_model=hf_model(draft, **settings)), _calls
+
+    def __repr__(self):
+        return f"HFEnsemble(weight={self.weight})"
+
+
+class HFUniversal(HFPath):
+    """``generate(assistant_model=..., tokenizer=..., assistant_tokenizer=...)``: a draft of another vocabulary.
+
+    ``draft``: a specref model over ``draft_tokenizer``'s ids; the oracle's case gives the
+    target (over ``target_tokenizer``'s).  Sampling cases run ``UniversalSpeculativeDecodingGenerator``,
+    greedy ones ``AssistedCandidateGeneratorDifferentTokenizers``.  The tokenizers are wrapped by
+    :func:`hf_tokenizer`.  The assistant and both wrapped tokenizers are built together once per
+    settings: HF caches its vocabulary translator per pair of tokenizer objects and prunes the
+    assistant's head when it builds it, so a new assistant needs new tokenizer objects.
+    """
+
+    def __init__(self, draft, target_tokenizer, draft_tokenizer, *, repaired: bool = False):
+        super().__init__()
+        self.draft, self.target_tokenizer, self.draft_tokenizer = draft, target_tokenizer, draft_tokenizer
+        self.repaired = repaired
+        self.assistants = {}  # settings -> the embedded assistant (its calls: the contexts it saw)
+
+    def _generate(self, *args, **kwargs):
+        if not self.repaired:
+            return super()._generate(*args, **kwargs)
+        with repaired_translator():
+            return super()._generate(*args, **kwargs)
+
+    def prepare(self, target, draft, settings):
+        V_t, V_d = logits_fn(target).vocab_size, logits_fn(self.draft).vocab_size
+        if V_t == V_d:
+            raise SpecrefError(f"HF takes assistant_tokenizer only when the vocabularies' sizes differ (both {V_t})")
+        if len(self.target_tokenizer.pieces) != V_t or len(self.draft_tokenizer.pieces) != V_d:
+            raise SpecrefError(f"the models' vocabularies (target {V_t}, draft {V_d}) are not the tokenizers' "
+                               f"({len(self.target_tokenizer.pieces)}, {len(self.draft_tokenizer.pieces)})")
+        assistant = embedded_model(self.draft, **settings)
+        self.assistants[repr(sorted(settings.items()))] = assistant
+        kwargs = dict(assistant_model=assistant, tokenizer=hf_tokenizer(self.target_tokenizer),
+                      assistant_tokenizer=hf_tokenizer(self.draft_tokenizer))
+        return hf_model(target, **settings), kwargs, _calls
+
+    def __repr__(self):
+        return (f"HFUniversal({self.target_tokenizer!r} <- {self.draft_tokenizer!r}"
+                + (", repaired=True)" if self.repaired else ")"))
+
+
+def target_logit_columns(translator):
+    """Where transformers 5.24's ``AssistantToTargetTranslator.get_target_logits`` puts each column of
+    the pruned assistant's logits, and where that column's token is: ``(put [n], true [n])``, target ids.
+
+    Column ``j`` of the pruned head is the logit of draft id ``assistant_overlap_token_ids[j]`` (the
+    draft's ``get_vocab()`` order); ``get_target_logits`` writes it to the target id of the ``j``-th
+    smallest shared draft id.  The two agree only when ``get_vocab()`` lists ids in increasing order.
+    """
+    import torch
+
+    to_target = translator._assistant_to_target_input_ids
+    put = to_target[to_target != translator.SUPPRESS_TOKEN_ID]
+    true = to_target[translator.assistant_overlap_token_ids]
+    return put.to(torch.long), true.to(torch.long)
+
+
+@contextlib.contextmanager
+def repaired_translator():
+    """transformers 5.24's vocabulary translator with two repairs, for the differential check:
+    pruned logits written to their own tokens' ids (:func:`target_logit_columns`), and no
+    ``assistant_overlap_token_ids`` lookup when nothing was pruned (the draft's vocabulary inside the
+    target's: 5.24 raises ``AttributeError`` there).  Restored on exit."""
+    import torch
+    from transformers.generation.candidate_generator import AssistantToTargetTranslator as Translator
+
+    logits, ids = Translator.get_target_logits, Translator.get_target_ids
+
+    def get_target_logits(self, assistant_logits):
+        if not hasattr(self, "assistant_overlap_token_ids"):
+            return logits(self, assistant_logits)
+        out = torch.full((*assistant_logits.shape[:-1], self.target_vocab_size), self.FILTER_VALUE,
+                         device=assistant_logits.device)
+        out[..., target_logit_columns(self)[1]] = assistant_logits
+        return out
+
+    def get_target_ids(self, assistant_input_ids, target_input_ids, assistant_candidate_ids):
+        if hasattr(self, "assistant_overlap_token_ids"):
+            return ids(self, assistant_input_ids, target_input_ids, assistant_candidate_ids)
+        n = assistant_candidate_ids.shape[1] - assistant_input_ids.shape[1]
+        if n == 0:
+            return target_input_ids
+        new = self._assistant_to_target_input_ids[assistant_candidate_ids[0, -n:]]
+        return torch.cat((target_input_ids, new.unsqueeze(0)), dim=1)
+
+    Translator.get_target_logits, Translator.get_target_ids = get_target_logits, get_target_ids
+    try:
+        yield
+    finally:
+        Translator.get_target_logits, Translator.get_target_ids = logits, ids
+
+
+# ---------------------------------------------------------------- the ensemble rule, exactly
+
+
+def ensemble_step(weight: float):
+    """HF's static ensemble verification as a step ``(p_target, q_draft, draft_tokens, rng) -> tokens``.
+
+    ``_speculative_sampling`` with ``assistant_ensemble_weight = w``: accept ``x_i`` when
+    ``u <= 1 - w + w p(x_i)/q(x_i)``; at the first rejection draw from ``norm(max(0, p - q))``
+    (HF: ``[v - q]+ = w [p - q]+`` normalises to the same row), or from ``p`` when that residual
+    is (numerically) empty; the bonus from ``p_target[K]``.  Lossless only at ``w = 1``.
+    """
+    from specref.core.step import draw
+    from specref.core.step import residual_weights
+
+    w = float(weight)
+
+    def step(p_target, q_draft, draft_tokens, rng):
+        out = []
+        for i, x in enumerate(int(t) for t in draft_tokens):
+            if rng.random() < 1 - w + w * p_target[i, x] / q_draft[i, x]:
+                out.append(x)
+                continue
+            r = residual_weights(p_target[i], q_draft[i])
+            total = r.sum()
+            out.append(draw(rng, r / total if total > np.finfo(np.float32).tiny else p_target[i]))
+            return out
+        out.append(draw(rng, p_target[len(out)]))
+        return out
+
+    step.__name__ = f"ensemble_step_{w}"
+    return step
+
+
+def ensemble_law(case, weight: float):
+    """The exact law (float) of specref's loop with :func:`ensemble_step` on ``case``, under HF's rules,
+    and the target law; ``(law, target law, TV)``.  Meant for temperature-1 cases without top-k/p:
+    there transformers 5.24's assistant, which applies each warper twice, samples what ``hf_rules`` gives."""
+    from specref.decoding.chain import speculative_transition
+    from specref.verification.cases.rules import ruled
+    from specref.verification.laws.enumeration import compare, law_iterated, target_law
+
+    case = case.as_float()
+    target, draft = case.models()
+    (t, config), (d, _) = ruled(target, case.config, hf_rules), ruled(draft, case.config, hf_rules)
+    iteration = speculative_transition(t, d, list(case.prompt), k=case.k, config=config,
+                                       max_new_tokens=case.max_new_tokens, stop_tokens=case.stop_tokens,
+                                       step=ensemble_step(weight))
+    got = law_iterated((), iteration)
+    truth = target_law(t, list(case.prompt), config, case.max_new_tokens, case.stop_tokens)
+    return got, truth, float(compare(got, truth).tv)
+
+
+# ---------------------------------------------------------------- cases
+
+
+def path_cases():
+    """Decoder cases for the same-vocabulary paths (V = 3 logit tables, K = 2, 3 new tokens):
+    temperature 0.8 and greedy for prompt lookup (a prompt with repeated n-grams), early exit and
+    the ensemble weight (temperature 1, no top-k/p, as :func:`ensemble_law` needs)."""
+    from specref.verification.cases.chain import Case
+
+    rng = np.random.default_rng(20261215)
+
+    def pair():
+        return rng.normal(0, 1.2, (3, 3)), rng.normal(0, 1.2, (3, 3))
+
+    return [
+        Case("lookup-temperature", *pair(), prompt=(0, 1, 2, 0, 1), config=SamplingConfig(temperature=0.8),
+             tables="logits"),
+        Case("lookup-greedy", *pair(), prompt=(0, 1, 2, 0, 1), config=SamplingConfig(temperature=0), tables="logits"),
+        Case("early-exit-top-k", *pair(), config=SamplingConfig(top_k=2), tables="logits"),
+        Case("ensemble", *pair(), tables="logits"),
+    ]

@@ -1,0 +1,207 @@
+"""Hugging Face ``generate``'s other speculative paths end to end, under the decoder-level oracle (statistical).
+
+Ground truth: the exact law of plain target sampling with HF's own processors
+(:func:`specref.adapters.hf_generate.hf_rules`, the rules every :class:`~specref.adapters.hf_paths.HFPath`
+declares).  Every check is seeded (the oracle's seed reaches torch through ``fork_rng``), so each
+verdict is reproducible; ``alpha = 1e-3`` as in ``tests/test_hf_generate.py`` (fixed seeds: a false
+alarm cannot come and go; the smaller level buys power at small N).  N per check, chosen to fit the
+suite (~15-35 ms per ``generate`` call, one torch thread), with the TV it detects with power 0.9
+against the case's own law (``CaseResult.detectable_tv``, asserted below):
+
+- prompt lookup (``prompt_lookup_num_tokens``), temperature 0.8, 27 outcomes: ``N = 300``, TV >= 0.22;
+- early exit (``assistant_early_exit=1``), top-k 2, 8 outcomes: ``N = 300``, TV >= 0.18;
+- greedy paths (prompt lookup; different tokenizers, ``do_sample=False``): ``N = 20``, the law is a
+  point mass, so a single wrong output fails it;
+- ``assistant_ensemble_weight`` at 0.5 and 0.8 (exact TV of its law 0.581 and 0.287, from
+  :func:`~specref.adapters.hf_paths.ensemble_law`): ``N = 300``, flagged, and the exact TV inside the
+  99% interval of the estimate;
+- different tokenizers with sampling (``UniversalSpeculativeDecodingGenerator``), a character
+  target with a piece draft, 8 outcomes: as shipped in transformers 5.24 it is flagged at
+  ``N = 300`` (its law depends on the assistant tokenizer's ``get_vocab()`` order, a hash map's, so
+  the estimate changes from process to process; the verdict did not in five); with the two repairs of :func:`~specref.adapters.hf_paths.repaired_translator` it
+  passes at ``N = 400`` (TV >= 0.15), which shows the logit-column mapping is what loses the law.
+  A piece target with a character draft (the draft's vocabulary inside the target's) raises
+  ``AttributeError`` inside HF as shipped (status ``raised``); repaired, 27 outcomes, ``N = 400``
+  (TV >= 0.22).
+
+About 35 s in all.
+"""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from specref.adapters.hf_paths import (  # noqa: E402
+    HFEarlyExit,
+    HFEnsemble,
+    HFPromptLookup,
+    HFUniversal,
+    ensemble_law,
+    hf_tokenizer,
+    path_cases,
+    repaired_translator,
+    target_logit_columns,
+)
+from specref.core.sampling import SamplingConfig  # noqa: E402
+from specref.verification.cases.chain import Case  # noqa: E402
+from specref.verification.cases.tables import LogitTable  # noqa: E402
+from specref.verification.oracle import check_decoder  # noqa: E402
+from toy_models.tokenizers import char_tokenizer, fitted_bigram, piece_tokenizer  # noqa: E402
+
+ALPHA = 1e-3
+CASES = {c.name: c for c in path_cases()}
+CHARS, PIECES = char_tokenizer(), piece_tokenizer()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quiet_transformers():
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    yield
+    logging.set_verbosity(level)
+
+
+def logits(table):
+    with np.errstate(divide="ignore"):
+        return np.log(table.astype(np.float64))  # log 0 = -inf: a token the row never draws
+
+
+def cross_vocab(target_tokenizer, draft_tokenizer, *, keep, config=SamplingConfig(), **fit):
+    """(case over the target tokenizer's ids, draft model over the draft tokenizer's): tables fitted to
+    the toy language; the case's draft table is the target's (unused: the draft is bound)."""
+    t = logits(fitted_bigram(target_tokenizer, keep=keep, seed=3, **fit))
+    draft = LogitTable(logits(fitted_bigram(draft_tokenizer, keep=4, seed=4)))
+    prompt = tuple(target_tokenizer.encode("the"))
+    return Case(f"{target_tokenizer.name}-target", t, t, prompt=prompt, k=2, max_new_tokens=3, config=config,
+                tables="logits"), draft
+
+
+def check(impl, case, n):
+    report = check_decoder(impl, cases=[case], mode="statistical", samples=n, alpha=ALPHA)
+    return report, report.results[0]
+
+
+# ---------------------------------------------------------------- prompt lookup, early exit
+
+
+def test_prompt_lookup_sampling_preserves_the_target_law():
+    impl = HFPromptLookup()
+    report, result = check(impl, CASES["lookup-temperature"], 300)
+    assert report.ok and "self-consistent" in str(report), report
+    assert result.detectable_tv < 0.22  # planned power 0.9 at alpha 1e-3 against this case's own law
+    assert min(impl.target_calls) < CASES["lookup-temperature"].max_new_tokens  # candidates were accepted
+
+
+def test_prompt_lookup_greedy_is_the_argmax_chain():
+    report, result = check(HFPromptLookup(), CASES["lookup-greedy"], 20)
+    assert report.ok and result.tv == 0, report
+
+
+def test_early_exit_preserves_the_target_law_and_drafts_with_the_early_layers():
+    impl = HFEarlyExit()
+    case = CASES["early-exit-top-k"]
+    report, result = check(impl, case, 300)
+    assert report.ok, report
+    assert result.detectable_tv < 0.18
+    (model, _, _), = impl._built.values()
+    layers = {depth for _, _, depth in model.calls}
+    assert layers == {1, 2}  # the draft ran at one layer, the target at two
+
+
+# ---------------------------------------------------------------- the ensemble weight: approximate
+
+
+@pytest.mark.parametrize("weight, exact", [(0.5, 0.5805), (0.8, 0.2867)])
+def test_the_ensemble_weight_is_flagged_and_its_tv_is_the_exact_one(weight, exact):
+    case = CASES["ensemble"]
+    _, _, tv = ensemble_law(case, weight)
+    assert abs(tv - exact) < 1e-3
+    report, result = check(HFEnsemble(weight), case, 300)
+    assert not report.ok and result.status == "differs", report
+    low, high = result.tv_interval
+    assert low <= tv <= high, (result.tv_interval, tv)
+
+
+# ---------------------------------------------------------------- different tokenizers
+
+
+def test_hf_maps_the_pruned_assistant_logits_to_the_wrong_target_tokens():
+    # white box: column j of the pruned head is the logit of draft id overlap[j] (get_vocab() order);
+    # get_target_logits writes it to the target id of the j-th smallest shared draft id
+    from transformers.generation.candidate_generator import AssistantToTargetTranslator
+
+    from specref.adapters.hf_paths import embedded_model
+
+    assistant = embedded_model(LogitTable(np.zeros((PIECES.vocab_size, PIECES.vocab_size))))
+    translator = AssistantToTargetTranslator(hf_tokenizer(CHARS), hf_tokenizer(PIECES), CHARS.vocab_size,
+                                             assistant_model=assistant, assistant_prune_lm_head=True)
+    put, true = target_logit_columns(translator)
+    assert sorted(put.tolist()) == sorted(true.tolist()) == list(range(CHARS.vocab_size))
+    assert (put != true).sum() > 0  # a permutation: most shared tokens get another token's logit
+    with repaired_translator():
+        logits_in = np.arange(len(true), dtype=np.float32)[None, None]
+        import torch
+
+        mapped = translator.get_target_logits(torch.from_numpy(logits_in))[0, 0]
+        assert mapped[true].tolist() == logits_in[0, 0].tolist()
+
+
+def test_universal_sampling_as_shipped_loses_the_target_law_and_the_repair_restores_it():
+    case, draft = cross_vocab(CHARS, PIECES, keep=2)
+    report, result = check(HFUniversal(draft, CHARS, PIECES), case, 300)
+    assert not report.ok and result.status == "differs" and result.tv_interval[0] > 0.05, report
+    repaired = HFUniversal(draft, CHARS, PIECES, repaired=True)
+    report, result = check(repaired, case, 400)
+    assert report.ok and result.detectable_tv < 0.15, report
+
+
+def test_universal_with_the_draft_vocabulary_inside_the_targets_raises_in_hf():
+    case, draft = cross_vocab(PIECES, CHARS, keep=3, spelt=True)
+    report, result = check(HFUniversal(draft, PIECES, CHARS), case, 50)
+    assert result.status == "raised" and "assistant_overlap_token_ids" in result.detail, report
+    report, result = check(HFUniversal(draft, PIECES, CHARS, repaired=True), case, 400)
+    assert report.ok and result.detectable_tv < 0.22, report
+
+
+@pytest.mark.parametrize("target_tokenizer, draft_tokenizer, keep", [(CHARS, PIECES, 2), (PIECES, CHARS, 3)],
+                         ids=["chars-target", "pieces-target"])
+def test_universal_greedy_is_the_argmax_chain(target_tokenizer, draft_tokenizer, keep):
+    case, draft = cross_vocab(target_tokenizer, draft_tokenizer, keep=keep, config=SamplingConfig(temperature=0))
+    report, result = check(HFUniversal(draft, target_tokenizer, draft_tokenizer), case, 20)
+    assert report.ok and result.tv == 0, report
+
+
+def test_the_universal_assistant_is_refed_a_pruned_index_as_a_token_id():
+    # efficiency, not the law: each round re-feeds the last accepted draft token as its pruned-head
+    # index with the embedding's mapping off, so the assistant drafts after a wrong token.  Which
+    # token it reads depends on the pruned order, the assistant tokenizer's get_vocab() order (a
+    # hash map's, which changes from process to process): 40 decodes make a miss unlikely.
+    case, draft = cross_vocab(CHARS, PIECES, keep=2)
+    impl = HFUniversal(draft, CHARS, PIECES, repaired=True)
+    target, _ = case.models()
+    wrong = 0
+    for seed in range(40):
+        out = impl(target, target, list(case.prompt), k=2, config=SamplingConfig(), max_new_tokens=6, rng=seed)
+        text = CHARS.decode(list(case.prompt) + out)
+        (assistant,) = impl.assistants.values()
+        firsts = [PIECES.decode(ctx) for ctx, new in assistant.calls if new == 2]  # a round's first forward
+        wrong += sum(not text.startswith(seen) for seen in firsts)
+    assert wrong > 0
+
+
+def test_a_path_refused_for_its_models_is_a_named_status_not_a_traceback():
+    case, _ = cross_vocab(CHARS, PIECES, keep=2)
+    same_vocab = LogitTable(np.zeros((CHARS.vocab_size, CHARS.vocab_size)))  # HF refuses assistant_tokenizer then
+    report, result = check(HFUniversal(same_vocab, CHARS, CHARS), case, 20)
+    assert result.status == "raised" and "sizes differ" in result.detail, report
+    from specref.adapters.hf_paths import early_exit_model
+    from specref.core.errors import SpecrefError
+
+    target, _ = CASES["early-exit-top-k"].models()
+    with pytest.raises(SpecrefError, match="draft's V"):  # early exit drafts with the target's own vocabulary
+        early_exit_model(target, LogitTable(np.zeros((4, 4))))
