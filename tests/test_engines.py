@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 
 from specref.adapters.engines import (
-    check_ragged_layout, flashinfer_reference, flashinfer_style, vllm_reference, vllm_style,
+    check_ragged_layout, flashinfer_reference, flashinfer_style, vllm_engine, vllm_reference, vllm_style,
+)
+from specref.verification.levels import LEVELS as LEVELS_
+from specref.verification.levels.engines import (
+    VLLM_CALL, VLLM_PARAMETERS, ExactLog, SamplingMetadata, check_logit_rows, check_probability_rows, softmax_rows,
 )
 from specref.core.errors import SpecrefError
 from specref.decoding.batched import batched_step
@@ -193,24 +197,46 @@ def test_each_bug_hook_differs_from_the_reference_hook_where_its_bug_lives():
     assert R.sample(*args).tolist() == [1] and zoo.tiled_argmax(*args).tolist() == [7]
 
 
-# ---------------------------------------------------------------- vLLM V1 style
+# ---------------------------------------------------------------- vLLM V1: the engine's call
 
 
-def vllm_no_bonus(draft_token_ids, num_draft_tokens, max_spec_len, cu, draft_probs, target_probs, bonus, seed):
+def vllm_no_bonus(draft_token_ids, num_draft_tokens, max_spec_len, cu, draft_probs, target_logits, bonus, metadata):
     """Wrong: a fully accepted request gets no bonus token (the output stops at K)."""
-    out = vllm_reference(draft_token_ids, num_draft_tokens, max_spec_len, cu, draft_probs, target_probs, bonus, seed)
+    out = vllm_reference(draft_token_ids, num_draft_tokens, max_spec_len, cu, draft_probs, target_logits, bonus,
+                         metadata)
     full = (out != -1).sum(axis=1) == np.asarray(num_draft_tokens) + 1
     out[full, np.asarray(num_draft_tokens)[full]] = -1
     return out
 
 
-def vllm_exclusive_cu(draft_token_ids, num_draft_tokens, max_spec_len, cu, draft_probs, target_probs, bonus, seed):
+def vllm_exclusive_cu(draft_token_ids, num_draft_tokens, max_spec_len, cu, draft_probs, target_logits, bonus, metadata):
     """Wrong: reads cu as exclusive starts, so request b judges its drafts on request b-1's rows."""
     starts = np.concatenate([[0], np.asarray(cu)[:-1]])
     order = np.concatenate([np.arange(s, s + n) for s, n in zip(np.roll(starts, 1), num_draft_tokens)]).astype(int)
     order = np.minimum(order, len(draft_token_ids) - 1)
     return vllm_reference(draft_token_ids, num_draft_tokens, max_spec_len, cu,
-                          None if draft_probs is None else draft_probs, target_probs[order], bonus, seed)
+                          None if draft_probs is None else draft_probs, target_logits[order], bonus, metadata)
+
+
+def vllm_probs_for_logits(draft_token_ids, num_draft_tokens, max_spec_len, cu, draft_probs, target_logits, bonus,
+                          metadata):
+    """Wrong: the pre-0.32 call -- probabilities handed where the engine takes logits."""
+    return vllm_reference(draft_token_ids, num_draft_tokens, max_spec_len, cu, draft_probs,
+                          softmax_rows(target_logits), bonus, metadata)
+
+
+def vllm_logits_for_draft_probs(draft_token_ids, num_draft_tokens, max_spec_len, cu, draft_probs, target_logits,
+                                bonus, metadata):
+    """Wrong: a draft model's logits (here log q) handed where the engine takes probabilities."""
+    with np.errstate(divide="ignore"):
+        logits = None if draft_probs is None else np.log(np.asarray(draft_probs, dtype=np.float64))
+    return vllm_reference(draft_token_ids, num_draft_tokens, max_spec_len, cu, logits, target_logits, bonus, metadata)
+
+
+def flashinfer_logits_for_probs(draft_probs, draft_token_ids, target_probs, seed):
+    """Wrong: a target model's log-probabilities handed where FlashInfer's call takes probabilities."""
+    with np.errstate(divide="ignore"):
+        return flashinfer_reference(draft_probs, draft_token_ids, np.log(target_probs.astype(float)), seed)
 
 
 def test_vllm_style_reference_passes_and_broken_ones_are_caught():
@@ -222,6 +248,14 @@ def test_vllm_style_reference_passes_and_broken_ones_are_caught():
     assert not bad.ok and bad.results[0].tv > F(1, 100), str(bad)
 
 
+def test_vllm_level_is_exact_on_grid_coins():
+    """Exact mode hands ExactLog logits: the reference's softmax gives the Fraction rows back, so TV = 0
+    exactly, also where float64 logits would move a ratio across a float32-grid coin (this case, with
+    log p handed as floats, differed by TV 2.4e-8 > the 1e-9 tolerance)."""
+    report = check("vllm", vllm_reference, cases=cases("batched", "p-equals-q-row"))
+    assert report.ok and all(r.tv == 0 for r in report.results), str(report)
+
+
 def test_vllm_style_statistical_mode():
     rng = np.random.default_rng(2)
     case = BatchedCase("V5-ragged", rng.dirichlet(np.ones(5), size=(2, 3)), rng.dirichlet(np.ones(5), size=(2, 2)),
@@ -230,12 +264,106 @@ def test_vllm_style_statistical_mode():
     assert report.ok, str(report)
 
 
+def _captured_call(case, seed):
+    captured = {}
+    vllm_style(lambda *args: captured.setdefault("args", args))(case.p_target, case.q_draft,
+                                                                np.array([[0, 1], [2, -1]]), seed)
+    return dict(zip(VLLM_PARAMETERS, captured["args"]))
+
+
+def test_the_level_hands_log_p_and_specref_sampling_metadata():
+    """The call as vLLM 0.33.0 reads it: ``target_logits = log p`` (-inf at zeros), ``sampling_metadata``
+    a SamplingMetadata with the oracle's seed; exact mode: ExactLog logits whose softmax is p exactly."""
+    (case,) = cases("batched", "ragged-rows")
+    judged = np.concatenate([case.p_target[0, :2], case.p_target[1, :1]])  # the T = 3 judged rows
+    exact = _captured_call(case, rng := np.random.default_rng(0))  # any object with random() stands in
+    z = exact["target_logits"]
+    assert z.dtype == object and all(isinstance(v, ExactLog) for v in z.flat)
+    assert (softmax_rows(z) == judged).all() and softmax_rows(z).dtype == object  # Fractions, exactly
+    meta = exact["sampling_metadata"]
+    assert isinstance(meta, SamplingMetadata) and meta.seed is rng
+    assert (meta.temperature, meta.all_greedy, meta.all_random) == (1.0, False, True)
+    with pytest.raises(SpecrefError, match="statistical mode"):
+        meta.request_seeds(2)
+    f = case.as_float()
+    stat = _captured_call(replace(f, p_target=f.p_target.astype(np.float32), q_draft=f.q_draft.astype(np.float32)), 7)
+    assert stat["target_logits"].dtype == np.float32
+    np.testing.assert_allclose(np.exp(stat["target_logits"]), judged.astype(np.float64), rtol=1e-6)
+    meta = stat["sampling_metadata"]
+    assert meta.seed == 7 and len(set(meta.request_seeds(2))) == 2 and meta.global_seed() >= 0
+    assert (meta.request_seeds(2) == SamplingMetadata(7).request_seeds(2)).all()
+    assert (meta.request_seeds(2) != SamplingMetadata(8).request_seeds(2)).all()
+    assert LEVELS_["vllm"].signature.index("target_logits") > 0 and VLLM_CALL[1] in LEVELS_["vllm"].signature
+    assert VLLM_CALL == ("vllm", "0.33.0", "vllm/v1/sample/rejection_sampler.py", "rejection_sample")
+
+
+def test_exact_logs_are_exact():
+    z = np.array([ExactLog(F(1, 2)), ExactLog(F(1, 3)), ExactLog(F(1, 6)), ExactLog(0)], dtype=object)
+    assert (softmax_rows(z[None]) == [F(1, 2), F(1, 3), F(1, 6), 0]).all()
+    assert z.max() == ExactLog(F(1, 2)) and int(np.argmax(z)) == 0 and float(z[3]) == -np.inf
+    assert abs(float(z[1]) - np.log(1 / 3)) < 1e-15 and (z[0] - z[1]).exp() == F(3, 2)
+    assert z.astype(np.float64)[3] == -np.inf and z[0] / 1 is z[0]
+    with pytest.raises((TypeError, ValueError), match="rational"):
+        z[0] / 2  # log(1/2) / 2 is log of an irrational: a temperature other than 1 leaves the rationals
+    with pytest.raises((TypeError, ValueError)):
+        z[0] - z[3]  # -inf subtracted
+
+
+def test_probabilities_for_logits_and_logits_for_probabilities_are_named_from_the_rows():
+    """The issue-22 bug (probabilities handed as target_logits: softmax(p) sampled, a false 'differs' of
+    TV 0.136 on the real engine) and its mirror (draft logits handed as draft_probs) are refused from the
+    rows, naming the argument -- in exact and statistical mode."""
+    few = cases("batched", "two-rows")
+    for mode in ("exact", "statistical"):
+        kw = dict(mode="statistical", samples=200, seed=3) if mode == "statistical" else {}
+        probs = check("vllm", vllm_probs_for_logits, cases=few, **kw).results[0]
+        assert probs.status == "raised" and "target_logits" in probs.detail and "probability rows" in probs.detail
+        assert "log(p)" in probs.detail, probs.detail
+        logits = check("vllm", vllm_logits_for_draft_probs, cases=few, **kw).results[0]
+        assert logits.status == "raised" and "draft_probs" in logits.detail, logits.detail
+        assert "takes probabilities" in logits.detail and "(row 0)" in logits.detail, logits.detail
+    flat = check("flashinfer", flashinfer_logits_for_probs, cases=few).results[0]
+    assert flat.status == "raised" and "target_probs" in flat.detail and "negative entry" in flat.detail
+
+
+@pytest.mark.parametrize("rows, message", [
+    (np.array([[0.2, 0.3, 0.5], [0.5, -0.1, 0.6]]), r"draft_probs\[1\] \(row 1\) has a negative entry \(-0\.1\)"),
+    (np.array([[0.2, 0.3, 0.5], [0.5, 0.2, 0.2]]), r"draft_probs\[1\] \(row 1\) sums to 0\.9"),
+    (np.array([[0.2, np.nan, 0.5]]), r"draft_probs\[0\] \(row 0\) is not finite"),
+    (np.array([[[0.5, 0.5]], [[2.0, -1.0]]]), r"draft_probs\[1, 0\] \(row 1\) has a negative entry"),
+    (np.array([[F(1, 2), F(1, 3)]], dtype=object), r"draft_probs\[0\] \(row 0\) sums to 5/6"),
+])
+def test_probability_rows_refused_name_argument_and_row(rows, message):
+    with pytest.raises(SpecrefError, match=message):
+        check_probability_rows("draft_probs", rows)
+
+
+def test_logit_rows():
+    ok = np.array([[np.log(0.5), np.log(0.5), -np.inf], np.log([0.2, 0.3, 0.5])])
+    assert check_logit_rows("target_logits", ok) is not None
+    assert check_logit_rows("target_logits", np.full((2, 3), 1 / 3)) is not None  # uniform: its own softmax
+    assert check_logit_rows("target_logits", np.array([[0.2, 0.3, 0.5], [3.0, 1.0, 0.0]])) is not None  # one real row
+    for rows, message in [(np.array([[0.2, 0.3, 0.5], [0.1, 0.1, 0.8]]), r"\[0\] \(row 0\) and every other row are "
+                                                                          r"probability rows"),
+                          (np.array([[1 / 3, 1 / 3, 1 / 3], [0.2, 0.3, 0.5]]), r"\[1\] \(row 1\) and every other"),
+                          (np.array([[0.0, np.inf, 1.0]]), r"\(row 0\) is not finite"),
+                          (np.array([[0.0, 1.0], [-np.inf, -np.inf]]), r"\[1\] \(row 1\) is -inf everywhere")]:
+        with pytest.raises(SpecrefError, match=message):
+            check_logit_rows("target_logits", rows)
+
+
+def test_an_integer_seed_for_sampling_metadata_is_refused_with_the_call():
+    args = {**_layout(), "sampling_metadata": 0}
+    with pytest.raises(SpecrefError, match="sampling_metadata must carry the oracle's seed"):
+        vllm_reference(**args)
+
+
 def _layout():
     rng = np.random.default_rng(4)
     t = rng.dirichlet(np.ones(4), size=3)
     return dict(draft_token_ids=np.array([0, 1, 2]), num_draft_tokens=[2, 0, 1], max_spec_len=2,
                 cu_num_draft_tokens=np.array([2, 2, 3]), draft_probs=rng.dirichlet(np.ones(4), size=3),
-                target_probs=t, bonus_token_ids=np.array([[1], [2], [3]]))
+                target_logits=np.log(t), bonus_token_ids=np.array([[1], [2], [3]]))
 
 
 @pytest.mark.parametrize("change, message", [
@@ -246,6 +374,7 @@ def _layout():
     (dict(bonus_token_ids=np.array([[1], [4], [0]])), r"bonus_token_ids\[1\] = 4 \(row 1\) is out of range"),
     (dict(max_spec_len=1), r"num_draft_tokens\[0\] = 2 \(row 0\) exceeds max_spec_len = 1"),
     (dict(num_draft_tokens=[2, 0]), r"num_draft_tokens has 2 entries, cu_num_draft_tokens has 3"),
+    (dict(target_logits=np.zeros((2, 4))), r"target_logits must have shape \[T, V\] = \[3, V\]"),
 ])
 def test_vllm_layout_bad_input_names_argument_and_row(change, message):
     args = {**_layout(), **change}
@@ -255,13 +384,123 @@ def test_vllm_layout_bad_input_names_argument_and_row(change, message):
 
 def test_vllm_reference_output_and_nan_rows():
     args = _layout()
-    out = vllm_reference(**args, seed=0)
+    out = vllm_reference(**args, sampling_metadata=SamplingMetadata(0))
     assert out.shape == (3, 3) and out.dtype == np.int32
     assert out[1, 0] == 2 and (out[1, 1:] == -1).all()  # zero drafts: the bonus only
-    args["target_probs"] = args["target_probs"].copy()
-    args["target_probs"][2, 1] = np.nan
-    with pytest.raises(SpecrefError, match=r"\(row 2\) is not finite"):
-        vllm_reference(**args, seed=0)
+    args["target_logits"] = args["target_logits"].copy()
+    args["target_logits"][2, 1] = np.nan
+    with pytest.raises(SpecrefError, match=r"target_logits\[2\] \(row 2\) is not finite"):
+        vllm_reference(**args, sampling_metadata=SamplingMetadata(0))
+
+
+# ---------------------------------------------------------------- vllm_engine: an installed rejection_sample
+
+
+FAKE_ENGINE = """
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingMetadata:  # the engine's own, as vllm/v1/sample/metadata.py has it (fewer fields)
+    temperature: object
+    all_greedy: bool
+    all_random: bool
+    generators: dict
+    top_p: object = None
+
+
+SEEN = []
+
+
+def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                     target_logits, bonus_token_ids, sampling_metadata, synthetic_mode=False):
+    SEEN.append(dict(locals()))
+    g = sampling_metadata.generators.get(0)
+    SEEN[-1]["draw"] = seed = int(torch.randint(1 << 30, (), generator=g))
+    return torch.as_tensor(RULE(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                                target_logits, bonus_token_ids, seed))
+"""
+
+
+def _fake_engine():
+    """A stand-in for vllm.v1.sample.rejection_sampler: a module with its own SamplingMetadata and a
+    torch rejection_sample in the documented call that records what it was handed and runs
+    specref's rule with a seed drawn from the engine's generators."""
+    import types
+
+    torch = pytest.importorskip("torch")
+    mod = types.ModuleType("fake_rejection_sampler")
+
+    def rule(x, n, m, cu, dp, tl, b, seed):
+        return vllm_reference(x.numpy(), n, m, cu.numpy(), None if dp is None else dp.numpy(), tl.numpy(), b.numpy(),
+                              SamplingMetadata(seed))
+
+    mod.RULE = rule
+    exec(FAKE_ENGINE, mod.__dict__)
+    return torch, mod
+
+
+def test_vllm_engine_builds_the_engines_own_metadata_and_generators():
+    torch, mod = _fake_engine()
+    args = _layout()
+    for generators in ("per_request", "global"):
+        fn = vllm_engine(mod.rejection_sample, generators=generators, device="cpu")
+        torch.manual_seed(123)
+        before = torch.random.get_rng_state()
+        out = fn(**args, sampling_metadata=SamplingMetadata(5))
+        assert out.shape == (3, 3) and out.dtype == torch.int32
+        call = mod.SEEN[-1]
+        meta = call["sampling_metadata"]
+        assert isinstance(meta, mod.SamplingMetadata)  # the class beside rejection_sample, found in its globals
+        assert meta.all_random and not meta.all_greedy and meta.top_p is None
+        assert meta.temperature.tolist() == [1.0, 1.0, 1.0]
+        assert call["target_logits"].dtype == torch.float32 and call["draft_token_ids"].dtype == torch.int32
+        assert call["bonus_token_ids"].shape == (3, 1) and call["bonus_token_ids"].dtype == torch.int64
+        assert torch.allclose(call["target_logits"], torch.as_tensor(args["target_logits"], dtype=torch.float32))
+        if generators == "per_request":
+            assert sorted(meta.generators) == [0, 1, 2]
+            assert meta.generators[1].initial_seed() == int(SamplingMetadata(5).request_seeds(3)[1])
+        else:
+            assert meta.generators == {}
+            assert torch.equal(torch.random.get_rng_state(), before)  # the caller's global state is restored
+        fn(**args, sampling_metadata=SamplingMetadata(5))
+        assert mod.SEEN[-1]["draw"] == call["draw"]  # seeded from the oracle's seed, call by call
+        fn(**args, sampling_metadata=SamplingMetadata(6))
+        assert mod.SEEN[-1]["draw"] != call["draw"]
+    with pytest.raises(SpecrefError, match="statistical mode"):
+        vllm_engine(mod.rejection_sample, device="cpu")(**args,
+                                                        sampling_metadata=SamplingMetadata(np.random.default_rng(0)))
+    with pytest.raises(SpecrefError, match="target_logits.*probability rows"):  # the issue-22 call, refused
+        vllm_engine(mod.rejection_sample, device="cpu")(**{**args, "target_logits": np.exp(args["target_logits"])},
+                                                        sampling_metadata=SamplingMetadata(5))
+    with pytest.raises(SpecrefError, match="generators must be"):
+        vllm_engine(mod.rejection_sample, generators="shared")
+
+
+def test_vllm_engine_under_the_level_with_a_torch_stand_in():
+    """The fake engine (specref's rule behind the engine's call) through vllm_engine at the vllm level."""
+    torch, mod = _fake_engine()
+    report = check("vllm", vllm_engine(mod.rejection_sample, device="cpu"), cases=cases("batched", "ragged-rows"),
+                   mode="statistical", samples=5_000, seed=4, progress=False)
+    assert report.ok, str(report)
+
+
+def test_vllm_engine_refuses_another_call_naming_the_version_read():
+    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                         target_probs, bonus_token_ids, sampling_metadata):
+        pass
+
+    with pytest.raises(SpecrefError, match=r"target_probs.*vllm 0\.33\.0 \(vllm/v1/sample/rejection_sampler\.py\)"):
+        vllm_engine(rejection_sample)
+
+    def needs_more(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                   target_logits, bonus_token_ids, sampling_metadata, fly_window_size):
+        pass
+
+    with pytest.raises(SpecrefError, match="later parameters without a default: fly_window_size"):
+        vllm_engine(needs_more)
 
 
 # ---------------------------------------------------------------- FlashInfer style

@@ -33,7 +33,19 @@ ROOT = Path(__file__).resolve().parents[1]
 MISSING = re_.missing()
 needs_wheels = pytest.mark.skipif(bool(MISSING), reason=f"engine wheels not in the cache {re_.wheels_dir()} "
                                                          f"({', '.join(MISSING)}): run `python scripts/fetch_engines.py`")
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_intra_op_thread():
+    """Torch on one intra-op thread while this module runs.  Its rows are tiny (V <= 6), and the oracle
+    forks a worker per case: a fork after torch's OpenMP pool has run in this process hangs the
+    worker's first parallel region (GNU OpenMP is not fork-safe), as the bit-for-bit test's direct
+    engine calls would otherwise make every later case time out."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 N_CPP = 20_000  # C++ kernels: ~5 s per check of the 7 default cases
 N_TRITON = 300  # Triton interpreter, vLLM V1 and SGLang: ~6 ms per row
@@ -97,7 +109,7 @@ def _tiled_v1_inputs(case, copies, seed):
     x[np.arange(x.shape[1])[None, :] >= k[:, None]] = -1
     captured = {}
     vllm_style(lambda *args: captured.setdefault("args", args))(p, q, x, seed)
-    return captured["args"][:-1]
+    return captured["args"][:-1]  # the level's call without its sampling_metadata
 
 
 @needs_wheels
@@ -109,11 +121,13 @@ def test_vllm_v1_triton_kernels_match_the_cpp_kernels_bit_for_bit(generators):
     request), so the outputs must agree token for token; the only known source of a difference is
     the C++ wrapper's float32 cast of the float64 coins (a flip needs p/q within 2^-24 of u).
     """
+    from specref.verification.levels.engines import SamplingMetadata
+
     cpp, tri = re_.vllm_v1_engine("cpp", generators), re_.vllm_v1_engine("triton", generators)
     total = 0
     for j, case in enumerate(cases("vllm", "ragged-rows", "point-mass-drafts")):
         args = _tiled_v1_inputs(case, 150, seed=104 + j)
-        a, b = cpp(*args, 7 + j).numpy(), tri(*args, 7 + j).numpy()
+        a, b = cpp(*args, SamplingMetadata(7 + j)).numpy(), tri(*args, SamplingMetadata(7 + j)).numpy()
         total += a.shape[0]
         assert (a == b).all(), f"{case.name}: {(a != b).any(axis=1).sum()} of {a.shape[0]} rows differ"
     print(f"\nvLLM V1 C++ and Triton kernels ({generators} generators): identical on {total} rows")
@@ -192,18 +206,36 @@ def test_sglang_greedy_tree_under_the_tree_level_with_one_hot_targets():
 
 @needs_wheels
 def test_negative_control_target_at_the_wrong_temperature_is_flagged():
-    """The C++ path handed the target at temperature 2 (a processing mismatch between the rows the
-    drafts were judged against and the target): same N = 20,000 and alpha as the real check."""
+    """The C++ path handed the target at temperature 2 (``target_logits / 2``: a processing mismatch
+    between the rows the drafts were judged against and the target): same N = 20,000 and alpha
+    as the real check."""
     fn = re_.vllm_v1_engine("cpp")
 
-    def hotter(d, n, m, cu, dp, tp, b, seed):
-        t = np.sqrt(np.asarray(tp, dtype=np.float64))
-        return fn(d, n, m, cu, dp, (t / t.sum(axis=1, keepdims=True)).astype(np.float32), b, seed)
+    def hotter(d, n, m, cu, dp, target_logits, b, sampling_metadata):
+        return fn(d, n, m, cu, dp, np.asarray(target_logits) / 2, b, sampling_metadata)
 
     report = check("vllm", hotter, cases=cases("vllm", "two-rows", "point-mass-drafts"), mode="statistical",
-                   samples=N_CPP, seed=111, progress=False)
+                   samples=N_CPP, seed=111, **LONG)
     print(f"\nnegative control (C++ path, target at temperature 2):\n{report}")
     assert not report.ok and all(r.status == "differs" for r in report.results), str(report)
+
+
+@needs_wheels
+def test_probabilities_handed_as_target_logits_are_refused_not_a_false_difference():
+    """The pre-0.32 call handed the real engine probabilities as ``target_logits``; its softmax
+    then sampled softmax(p) and the check showed a false TV of 0.136 on correct code.  The wrapper
+    reads the rows and refuses them, naming the argument; exact mode is refused too."""
+    fn = re_.vllm_v1_engine("cpp")
+
+    def old_call(d, n, m, cu, dp, target_logits, b, sampling_metadata):
+        return fn(d, n, m, cu, dp, np.exp(np.asarray(target_logits, dtype=np.float64)), b, sampling_metadata)
+
+    report = check("vllm", old_call, cases=cases("vllm", "two-rows"), mode="statistical", samples=1_000, seed=114,
+                   progress=False)
+    r = report.results[0]
+    assert r.status == "raised" and "target_logits" in r.detail and "probability rows" in r.detail, str(report)
+    exact = check("vllm", fn, cases=cases("vllm", "two-rows")).results[0]
+    assert exact.status == "raised" and "statistical mode" in exact.detail, exact.detail
 
 
 @needs_wheels

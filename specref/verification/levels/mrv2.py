@@ -483,7 +483,10 @@ def mrv2_reference(target_logits, draft_logits, draft_sampled, cu_num_logits, po
                    use_fp64=False, use_block_verification=False, contexts=None, watermarking=None,
                    watermarking_skip_mask=None, watermark_key=None, fly_window_size=0, fly_entropy_threshold=0.3,
                    fly_entropy_top_k=3):
-    """Specref's reference in MRV2's call: strict rejection sampling (SPEC §3) per request.
+    """specref's reference in MRV2's call: strict rejection sampling (SPEC §3) per request.
+
+    Over 60 lines because the signature alone is MRV2's 21 parameters, each refused when set
+    to an option specref does not model (block verification, FLy, synthetic rates, watermarks).
 
     Request ``r`` (state slot ``s = idx_mapping[r]``, temperature ``T = temperature[s]``): its
     drafts are ``draft_sampled[cu[r] + 1 .. cu[r + 1] - 1]``, cut at the first -1 (a placeholder
