@@ -231,3 +231,24 @@ def test_the_committed_record_has_every_mutant_as_expected():
     for engine in mu.ENGINES:
         caught = {r["mutant"] for r in rows if r["engine"] == engine and r["expect"] == "flagged" and r["status"] != "ok"}
         assert len(caught) >= 3, engine
+
+
+def test_the_engines_page_holds_the_committed_budget_table():
+    import json
+    import subprocess
+    import sys as _sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    record = root / "benchmarks" / "out" / "bench_engines.json"
+    table = subprocess.run([_sys.executable, str(root / "benchmarks" / "bench_engines.py"), "--table", str(record)],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    page = (root / "docs" / "results" / "engines.md").read_text()
+    assert table in page
+    changed = json.loads(record.read_text())
+    changed["rows"][0]["n"] += 1
+    _sys.path.insert(0, str(root / "benchmarks"))
+    from bench_engines import table as render
+
+    assert render(changed) not in page  # the check can fail
+    assert all(r["status"] == "ok" for r in json.loads(record.read_text())["rows"])
