@@ -1,22 +1,33 @@
-"""Scaling of a sharded statistical check, and the per-shard overhead through Dask.
+"""Scaling of a sharded statistical check on a process pool and on Dask, and where Dask's time goes.
 
-    python benchmarks/bench_distributed.py --json benchmarks/out/distributed.json
+    python benchmarks/bench_distributed.py --json benchmarks/out/bench_distributed.json
 
-1. One statistical check of the reference step (``worked-example-rows``, N samples)
-   on a process pool of 1 and of 2 workers, and on a Dask LocalCluster of 2
-   processes; median and range of ``--repeats`` runs; the verdicts must be identical.
-2. The overhead of one shard through Dask: ``--tasks`` no-op shards through the
-   client's executor, wall time per task.
-3. An estimate for a 10^8-sample check on 100 workers from the measured per-sample
-   cost and per-shard overhead (the arithmetic is in the JSON).
+1. One statistical check of the reference step (``worked-example-rows``, N samples) on a
+   process pool of 1 and of 2 workers and on a Dask LocalCluster of 1 and of 2 processes
+   (``dask_executor``: each shard on the main thread of a process of its worker's own);
+   median and range of ``--repeats`` runs after one warm-up run; the verdicts must be
+   identical.  ``--diagnose`` adds the LocalCluster of 2 with shards on the Dask thread
+   (``main_thread=False``, what ``dask_executor`` did before).
+2. Where the time goes: the oracle's and the implementation's seconds per sample when the
+   check runs on the main thread and on another thread (a Dask worker runs tasks on
+   threads: the per-call time limit then starts a watchdog thread per call); the bytes that
+   travel per shard (the cloudpickled task) and the seconds to rebuild the program in a shard;
+   the overhead of one no-op task through Dask.
+3. An estimate for a 10^8-sample check on 100 workers from the measured per-sample cost and
+   per-shard overhead (the arithmetic is in the JSON).
+
+The record holds the machine line and the load average before and after: on a shared machine
+the timings are noisy, and only a record taken with the machine quiet should be kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import threading
 import time
 
 import numpy as np
@@ -26,12 +37,46 @@ def _noop(i):
     return i
 
 
+def _thread_split(case, samples):
+    """Seconds per sample (implementation, oracle) of a check run on this main thread and on a thread."""
+    from specref.verification.oracle import check_step
+    from specref.verification.zoo import chain as zoo
+
+    def one():
+        r = check_step(zoo.reference, mode="statistical", cases=case, samples=samples, seed=2, progress=False)
+        return r.results[0].seconds_per_sample
+
+    main = one()
+    box = []
+    t = threading.Thread(target=lambda: box.append(one()))
+    t.start()
+    t.join()
+    return {"main_thread": main, "other_thread": box[0]}
+
+
+def _shard_cost(case, shard_blocks):
+    """Bytes of one shard's task (cloudpickled, as it travels) and seconds to rebuild its program."""
+    import cloudpickle
+    from functools import partial
+
+    from specref.verification.levels.chain import _sampler_of, tally_chain_blocks
+    from specref.verification.zoo import chain as zoo
+
+    recipe = partial(_sampler_of, "step", zoo.reference, case[0].as_float(), 10.0)
+    payload = cloudpickle.dumps((tally_chain_blocks, (recipe, tuple(range(27)), 1, 0, shard_blocks, 10**6, 300.0), {}))
+    t0 = time.perf_counter()
+    for _ in range(100):
+        recipe()
+    return {"task_bytes": len(payload), "rebuild_s": (time.perf_counter() - t0) / 100}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tasks", type=int, default=200)
     ap.add_argument("--shard-blocks", type=int, default=4)
+    ap.add_argument("--diagnose", action="store_true", help="also Dask with shards on the Dask thread")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     for name in ("samples", "repeats", "tasks", "shard_blocks"):
@@ -39,11 +84,12 @@ def main(argv=None) -> int:
             ap.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
 
     from specref.adapters.cluster import dask_executor, local_pool
-    from specref.verification.zoo import chain as zoo
     from specref.verification.oracle import check_step, default_cases
     from specref.verification.statistics.shards import BLOCK
+    from specref.verification.zoo import chain as zoo
 
     case = [c for c in default_cases("step") if c.name == "worked-example-rows"]
+    load_before = os.getloadavg()
 
     def run(executor):
         t0 = time.perf_counter()
@@ -51,11 +97,14 @@ def main(argv=None) -> int:
                        executor=executor, shard_blocks=args.shard_blocks, progress=False).results[0]
         return time.perf_counter() - t0, (r.status, r.p_value, float(r.tv))
 
-    rows, verdicts = {}, {}
-    for label, opener in (("pool-1", lambda: local_pool(1)), ("pool-2", lambda: local_pool(2)),
-                          ("dask-2", lambda: dask_executor(workers=2))):
+    openers = [("pool-1", lambda: local_pool(1)), ("pool-2", lambda: local_pool(2)),
+               ("dask-1", lambda: dask_executor(workers=1)), ("dask-2", lambda: dask_executor(workers=2))]
+    if args.diagnose:
+        openers.append(("dask-2-thread", lambda: dask_executor(workers=2, main_thread=False)))
+    rows, verdicts, per_task = {}, {}, None
+    for label, opener in openers:
         with opener() as executor:
-            run(executor)  # warm the workers (imports, first shard)
+            run(executor)  # warm the workers (imports, the shard processes, the first shard)
             times = []
             for _ in range(args.repeats):
                 seconds, verdict = run(executor)
@@ -70,20 +119,31 @@ def main(argv=None) -> int:
         print(f"{label}: median {rows[label]['median_s']:.2f} s [{min(times):.2f}, {max(times):.2f}] for "
               f"N = {args.samples:,}", flush=True)
     assert len(set(verdicts.values())) == 1, verdicts
+    split = _thread_split(case, min(args.samples, 20_000))
+    shard = _shard_cost(case, args.shard_blocks)
+    load_after = os.getloadavg()
     speedup = rows["pool-1"]["median_s"] / rows["pool-2"]["median_s"]
+    ratios = {"dask-1/pool-1": rows["dask-1"]["median_s"] / rows["pool-1"]["median_s"],
+              "dask-2/pool-2": rows["dask-2"]["median_s"] / rows["pool-2"]["median_s"]}
+    if args.diagnose:
+        ratios["dask-2-thread/pool-2"] = rows["dask-2-thread"]["median_s"] / rows["pool-2"]["median_s"]
     per_sample = rows["pool-1"]["median_s"] / args.samples
-    shard = args.shard_blocks * BLOCK
+    samples_per_shard = args.shard_blocks * BLOCK
     n_big, workers = 10**8, 100
-    shards = -(-n_big // shard)
-    estimate = (n_big * per_sample + shards * per_task) / workers
-    print(f"scaling 1 -> 2 workers: {speedup:.2f}x; Dask overhead per shard {per_task * 1e3:.2f} ms; "
+    estimate = (n_big * per_sample + -(-n_big // samples_per_shard) * per_task) / workers
+    print("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
+          + f"; pool 1 -> 2 workers {speedup:.2f}x; Dask overhead per task {per_task * 1e3:.2f} ms")
+    print(f"seconds per sample on the main thread {split['main_thread']}, on another thread {split['other_thread']}; "
+          f"a shard's task {shard['task_bytes']} bytes, its program rebuilt in {shard['rebuild_s'] * 1e6:.0f} us")
+    print(f"load average {load_before[0]:.2f} -> {load_after[0]:.2f} on {os.cpu_count()} cores; "
           f"estimate for 1e8 samples on 100 workers: {estimate:.0f} s")
     record = {
-        "command": "python benchmarks/bench_distributed.py " + " ".join(argv or []),
+        "command": "python benchmarks/bench_distributed.py " + " ".join(argv if argv is not None else []),
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "numpy": np.__version__,
-                    "cpus": __import__("os").cpu_count()},
+                    "cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after},
         "samples": args.samples, "repeats": args.repeats, "shard_blocks": args.shard_blocks,
-        "runs": rows, "verdict": verdicts["pool-1"], "speedup_1_to_2": speedup,
+        "runs": rows, "verdict": verdicts["pool-1"], "speedup_1_to_2": speedup, "ratios": ratios,
+        "seconds_per_sample_by_thread": split, "shard": shard,
         "dask_overhead_per_shard_s": per_task, "per_sample_s": per_sample,
         "estimate_1e8_on_100_workers_s": estimate,
         "estimate_formula": "(1e8 * per_sample_s + ceil(1e8 / (shard_blocks * 1024)) * overhead) / 100",
@@ -96,4 +156,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -26,7 +26,6 @@ implementation with the oracle instead, and exits non-zero when it fails.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import platform
 import random
@@ -499,34 +498,33 @@ def check_outside(spec: str, level: str, mode: str, samples: int | None, *, isol
 
     Exit status: 0 the implementation preserves the target distribution; 1 it differs
     or misbehaves (raised, timed out, crashed, invalid output: see the statuses); 2 a
-    usage error, a module that cannot be imported, a target that is not callable, or
-    an internal error of the oracle.  Each case runs in a forked worker with a hard
-    deadline unless ``isolate`` is False.  The printed table cuts details at
+    usage error, a module that cannot be imported (one that exits, crashes or hangs at
+    import included: it is first imported in a forked worker), a target that is not
+    callable, or an internal error of the oracle.  Each case runs in a forked worker
+    with a hard deadline unless ``isolate`` is False.  The printed table cuts details at
     ``specref.verification.running.report.TABLE_DETAIL`` characters; ``json_path`` gets the
     whole record.
     """
     from specref.verification import oracle
-    from specref.verification.running.calling import describe
+    from specref.verification.running.calling import describe, load_implementation
     from specref.verification.running.report import INTERNAL
 
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
+    if ":" not in spec or not all(spec.partition(":")[::2]):
         print(f"--impl must look like module:function, got {spec!r}", file=sys.stderr)
         return EXIT_ERROR
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except BaseException as e:  # noqa: BLE001 - a module may fail to import in any way, sys.exit included
-        print(f"cannot load {spec!r}: {describe(e)}", file=sys.stderr)
-        return EXIT_ERROR
-    if not callable(fn):
-        print(f"cannot check {spec!r}: it is a {type(fn).__name__}, not a callable", file=sys.stderr)
+        fn = load_implementation(spec, probe=isolate)
+    except SpecrefError as e:
+        print(str(e), file=sys.stderr)
         return EXIT_ERROR
     try:
         report = oracle.check(level, fn, mode=mode, samples=samples, isolate=isolate, **settings)
     except SpecrefError as e:
         print(f"cannot check {spec!r}: {e}", file=sys.stderr)
         return EXIT_ERROR
-    except Exception as e:  # noqa: BLE001 - the oracle's own failure
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - the oracle's own failure (SystemExit & co. that got past it too)
         print(f"internal error while checking {spec!r}: {describe(e)}", file=sys.stderr)
         return EXIT_ERROR
     print(report, flush=True)
@@ -551,7 +549,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", choices=["exact", "statistical"], default="exact")
     ap.add_argument("--samples", type=int, help="statistical mode: N (default: planned)")
     ap.add_argument("--no-isolate", action="store_true",
-                    help="--impl: run the implementation in this process (faster; no hard deadline)")
+                    help="--impl, --sweep: run the implementation in this process (faster; no hard deadline, and "
+                         "an implementation that exits or crashes ends the run)")
     ap.add_argument("--time-limit", type=float, default=10.0, help="--impl: seconds per call (default 10)")
     ap.add_argument("--workers", type=int, default=1,
                     help="worker processes for the matrix, statistical --impl checks and sweeps (default 1)")
@@ -569,6 +568,9 @@ def main(argv=None) -> int:
     except SpecrefError as e:  # unreachable scheduler, bad sweep file, ...
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except SystemExit as e:  # an implementation's exit that got past the oracle: never its exit status
+        print(f"internal error: SystemExit({e.code!r}) escaped the oracle", file=sys.stderr)
+        return EXIT_ERROR
 
 
 def _executor(args):
@@ -586,11 +588,15 @@ def _main(args, argv, executor) -> int:
     if args.sweep:
         from specref.verification.campaigns.sweep import load_sweep, run_sweep, sweep_table
 
-        record = run_sweep(load_sweep(args.sweep), out=args.out, executor=executor, progress=not args.no_progress)
+        record = run_sweep(load_sweep(args.sweep), out=args.out, executor=executor, progress=not args.no_progress,
+                           isolate=not args.no_isolate)
         print(sweep_table(record))
         if args.out:
             print(f"wrote {args.out}")
-        return 0 if all(c["result"]["ok"] for c in record["cells"].values()) else 1
+        results = [c["result"] for c in record["cells"].values()]
+        if any(r["status"] == "internal error" for r in results):
+            return EXIT_ERROR
+        return EXIT_PRESERVES if all(r["ok"] for r in results) else EXIT_DIFFERS
     if args.impl:
         extra = {"executor": executor} if executor is not None and args.mode == "statistical" else {}
         return check_outside(args.impl, args.level, args.mode, args.samples, isolate=not args.no_isolate,

@@ -161,7 +161,7 @@ def test_an_interrupted_batched_sweep_resumes_from_its_shards(tmp_path):
     from specref.verification.campaigns.sweep import run_sweep
 
     spec = {"impl": "tests.test_batched_shards:counted_engine", "level": "batched",
-            "settings": {"mode": "statistical", "samples": 3 * BLOCK, "shard_blocks": 1},
+            "settings": {"mode": "statistical", "samples": 3 * BLOCK, "shard_blocks": 1, "isolate": False},
             "grid": {"case": ["two-rows"], "seed": [0]}}
     path = tmp_path / "sweep.json"
     full = run_sweep(spec, out=path, progress=False)

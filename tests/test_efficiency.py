@@ -41,3 +41,26 @@ def test_the_reference_measured_is_as_efficient_and_one_more_call_is_wasteful():
     assert efficiency([1] * N, case).verdict == "fewer calls than the reference"
     with pytest.raises(SpecrefError):
         efficiency([1], case)
+
+
+def test_every_decode_the_same_count_is_judged_within_rounding():
+    # once reported as "3 [3, 3] vs the reference's exact 3: fewer calls than the reference"
+    from specref.verification.statistics.efficiency import Efficiency
+
+    for reference in (3.0000000000000004, 2.9999999999999996, 3.0):
+        assert Efficiency(2, 3.0, (3.0, 3.0), reference, 0.99).verdict == "as efficient as the reference"
+    assert Efficiency(2, 3.0, (3.0, 3.0), 3.001, 0.99).verdict == "fewer calls than the reference"
+    # a float case whose law is one call with mass 0.9999999999999999: two decodes of one call each
+    case = {c.name: c for c in default_cases("decoder")}["p-equals-q"].as_float()
+    assert efficiency([1, 1], case).verdict == "as efficient as the reference"
+    assert efficiency([2, 2], case).verdict == "wasteful"
+
+
+def test_a_sample_without_spread_takes_the_reference_spread():
+    # calls that vary under the reference: a few decodes that happen to agree prove little
+    case = {c.name: c for c in default_cases("decoder")}["worked-example-rows"]
+    law = reference_iterations(case)
+    assert len(law) > 1
+    few = efficiency([2, 2, 2], case)
+    assert few.interval[0] < few.interval[1] and few.verdict == "as efficient as the reference", few
+    assert efficiency([1] * N, case).verdict == "fewer calls than the reference"  # many decodes: a real difference

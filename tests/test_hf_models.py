@@ -56,7 +56,8 @@ def test_module_logits_are_the_case_rows_for_every_position():
     rows = np.array(case.models()[0].probs([0, 1, 2]), dtype=float)  # [3, V]
     np.testing.assert_allclose(torch.softmax(out.logits[0].double(), -1).numpy(), rows, atol=1e-6)
     assert out.logits.shape == (1, 3, 3) and out.logits.dtype == torch.float32 and out[0] is out.logits
-    assert out.past_key_values is None  # no use_cache, no cache
+    assert out.past_key_values.get_seq_length() == 3  # use_cache defaults to config.use_cache, as transformers
+    assert target(torch.tensor([[0]]), use_cache=False).past_key_values is None  # none asked for, none made
     gen = target.generation_config
     assert gen.do_sample and gen.num_assistant_tokens == case.k and gen.max_new_tokens == case.max_new_tokens
 
@@ -64,7 +65,7 @@ def test_module_logits_are_the_case_rows_for_every_position():
 def test_cache_holds_token_ids_and_a_refed_prefix_changes_position_aware_rows():
     t, _ = case_torch_models(POSITION)
     full = t(torch.tensor([[0, 1, 2, 0]])).logits[0, -1]
-    first = t(torch.tensor([[0, 1]]), use_cache=True)
+    first = t(torch.tensor([[0, 1]]), past_key_values=())  # an empty legacy tuple: the legacy form comes back
     keys = first.past_key_values[0][0]  # [B, 1, L, 1]: token ids, not attention states
     assert keys[0, 0, :, 0].tolist() == [0.0, 1.0]
     right = t(torch.tensor([[2, 0]]), past_key_values=first.past_key_values, use_cache=True)
@@ -144,17 +145,20 @@ def _sample(p):
 
 
 def hf_style_decode(target, draft, input_ids, *, gamma, max_new_tokens, temperature=1.0, refeed=False):
-    """Speculative sampling as public PyTorch repositories write it: HF-style models, a KV cache on the target."""
+    """Speculative sampling as public PyTorch repositories write it for transformers 5: HF-style models,
+    sizes from ``model.config``, the target's cache as the first call returns it, cropped after a rejection."""
+    V = target.config.vocab_size
+    assert draft.config.vocab_size == V
     seq, n0, past = input_ids[0].tolist(), input_ids.shape[1], None
     while len(seq) - n0 < max_new_tokens:
-        drafted, qs = [], []
-        for _ in range(gamma):  # 1. draft (no cache)
-            q = torch.softmax(draft(torch.tensor([seq + drafted])).logits[0, -1] / temperature, -1)
-            drafted.append(_sample(q))
-            qs.append(q)
+        drafted, qs = [], torch.zeros((gamma, V))
+        for i in range(gamma):  # 1. draft (no cache)
+            qs[i] = torch.softmax(draft(torch.tensor([seq + drafted]), use_cache=False).logits[0, -1] / temperature, -1)
+            drafted.append(_sample(qs[i]))
         # 2. one target call on top of the cache; refeed=True is the bug: the whole prefix again
-        feed = seq + drafted if past is None or refeed else seq[past[0][0].shape[2]:] + drafted
-        out = target(torch.tensor([feed]), past_key_values=past, use_cache=True)
+        feed = seq + drafted if past is None or refeed else seq[past.get_seq_length():] + drafted
+        out = target(torch.tensor([feed]), past_key_values=past)  # the first call starts the cache
+        past = out.past_key_values
         ps = torch.softmax(out.logits[0, -(gamma + 1):] / temperature, -1)
         n = 0  # 3. accept until the first rejection
         while n < gamma and torch.rand(()) < ps[n, drafted[n]] / qs[n][drafted[n]]:
@@ -164,8 +168,8 @@ def hf_style_decode(target, draft, input_ids, *, gamma, max_new_tokens, temperat
             nxt = _sample(r / r.sum())
         else:
             nxt = _sample(ps[gamma])
-        keep = out.past_key_values[0][0].shape[2] - (gamma - n)  # crop the rejected draft tokens
-        past = tuple((k[:, :, :keep], v[:, :, :keep]) for k, v in out.past_key_values)
+        if n < gamma:
+            past.crop(n - gamma)  # drop the rejected draft tokens (a negative count: transformers 4.x and 5.x)
         seq += drafted[:n] + [nxt]
     return seq[n0:n0 + max_new_tokens]
 
@@ -206,3 +210,55 @@ def test_torch_seeded_is_reproducible_and_restores_the_callers_generator():
     assert torch.equal(torch.random.get_rng_state(), state)
     with pytest.raises(TypeError, match="integer seed"):
         seeded(np.random.default_rng(0))
+
+
+# ---------------------------------------------------------------- models that behave like HF models
+
+
+def test_both_classes_import_by_name_and_carry_a_config():
+    from transformers import PretrainedConfig
+    from transformers.cache_utils import DynamicCache
+
+    from specref.adapters.hf_models import HFTableModel, SpecrefTableConfig, TableModule
+
+    case = next(c for c in default_cases("decoder") if c.name == "stop-token")
+    t, _ = case_torch_models(case)
+    h, _ = case_hf_models(case)
+    assert isinstance(t, TableModule) and isinstance(h, HFTableModel)
+    for model in (t, h):
+        config = model.config
+        assert isinstance(config, SpecrefTableConfig) and isinstance(config, PretrainedConfig)
+        assert (config.vocab_size, config.use_cache, config.eos_token_id, config.pad_token_id) == (3, True, 1, 1)
+        out = model(torch.tensor([[0, 1]]))  # the first call returns the installed transformers' cache
+        assert isinstance(out.past_key_values, DynamicCache) and out.past_key_values.get_seq_length() == 2
+    assert TableModule(case.models()[0]).config.vocab_size == 3  # built by hand, too
+
+
+def test_a_config_that_disagrees_with_the_logits_is_named():
+    from specref.core.errors import SpecrefError
+
+    t, _ = case_torch_models(POSITION)
+    t.config.vocab_size = 5
+    with pytest.raises(SpecrefError, match=r"config.vocab_size is 5 .* V = 3"):
+        t(torch.tensor([[0]]))
+
+
+def test_a_transformers_cache_handed_in_comes_back_updated():
+    from transformers.cache_utils import DynamicCache
+
+    h, _ = case_hf_models(POSITION)
+    cache = DynamicCache()
+    out = h(torch.tensor([[0, 1]]), past_key_values=cache, use_cache=True)
+    assert (out.past_key_values if out.get("past_key_values") is not None else out.cache) is cache
+    assert cache.get_seq_length() == 2
+    assert h(torch.tensor([[0]]), use_cache=False).get("past_key_values") is None
+
+
+def test_the_hand_written_loop_reads_config_and_cache_exactly():
+    """The transformers-5 loop above, with the draft always accepted (p = q), gives target samples."""
+    case = next(c for c in default_cases("decoder") if c.name == "p-equals-q")
+    t, d = case_torch_models(case)
+    torch.manual_seed(0)
+    out = hf_style_decode(t, d, torch.tensor([list(case.prompt)]), gamma=2, max_new_tokens=3)
+    assert len(out) == 3 and all(0 <= x < 3 for x in out)
+    assert [n for _, n in t.calls] == [len(case.prompt) + 2, 3][: len(t.calls)]  # prompt + drafts, then 1 + drafts

@@ -395,8 +395,36 @@ def test_an_internal_error_is_a_status_and_the_cli_exits_2(impls, monkeypatch):
     def broken_compare(*args, **kwargs):
         raise RuntimeError("the oracle's own bug")
 
-    monkeypatch.setattr("specref.verification.levels.runner.compare", broken_compare)
-    report = check_step(speculative_step, cases=ONE)
+    from specref.decoding.batched import batched_step
+    from specref.verification.levels.batched import default_batched_cases
+
+    monkeypatch.setattr("specref.verification.levels.batched.compare", broken_compare)
+    report = check("batched", lambda p, q, x, seed: batched_step(p, q, x, seed), cases=default_batched_cases()[:1])
     assert report.results[0].status == "internal error" and "own bug" in report.results[0].detail
-    got, text = main("--impl", "specref.core.step:speculative_step", "--no-isolate")
+    got, text = main("--impl", "specref.decoding.batched:batched_step", "--level", "batched", "--no-isolate")
     assert got == 2 and "internal error" in text
+
+
+def test_a_worker_forked_after_torch_ran_its_thread_pool_does_not_hang():
+    """GNU OpenMP's pool is not fork-safe: without one intra-op thread in the worker, every
+    isolated case of a torch implementation timed out once the parent had run torch's pool
+    (measured: 7 of 7 cases 'timeout' at time_limit = 20 s; with it, all ok in 1.3 s)."""
+    torch = pytest.importorskip("torch")
+    from specref.decoding.batched import batched_step
+    from specref.verification.levels.batched import default_batched_cases
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        a = torch.randn(300, 300)
+        float((a @ a).sum())  # the parent's pool has run
+
+        def step(p, q, x, seed):
+            float((torch.randn(200, 200) @ torch.randn(200, 200)).sum())  # a parallel region in the worker
+            return batched_step(p, q, x, seed).tokens
+
+        report = check("batched", step, cases=default_batched_cases()[:1], mode="statistical", samples=500,
+                       isolate=True, time_limit=10, progress=False)
+    finally:
+        torch.set_num_threads(before)
+    assert report.ok, str(report)

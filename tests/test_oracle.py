@@ -168,3 +168,13 @@ def test_every_level_is_known_after_import_specref_alone():
     assert run.returncode == 0, run.stderr
     assert set(run.stdout.split()) >= {"step", "logits", "decoder", "batched", "draft_and_verify", "tree",
                                        "tree_batch", "vllm", "flashinfer"}
+
+
+def test_a_difference_under_declared_rules_is_reported_as_differs_not_internal():
+    # the re-check of a difference once used specref's rule order, not the declared one ("internal error")
+    from specref.verification.zoo import chain as zoo
+
+    case = [c for c in default_cases("logits") if c.name == "logits-rule-order"]
+    report = check_logits_step(zoo.top_p_target_only, rules=("top_k", "top_p", "min_p", "temperature"), cases=case)
+    assert report.results[0].status == "differs", report
+    assert report.worst_tv > 0.1 and "from its own plain sampler" in str(report)

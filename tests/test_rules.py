@@ -81,3 +81,91 @@ def test_the_module_docstring_shows_default_order_as_it_is():
 
     shown = str(DEFAULT_ORDER).replace("'", '"').replace('", "', '", "')
     assert " ".join(rules.__doc__.split()).count(" ".join(shown.split())) == 1, shown
+
+
+# ---------------------------------------------------------------- declared conventions: ties
+
+
+def keep_lowest_ids_top_p(logits, config):  # [n, V] -> [n, V]: a stable sort, a cumulative-sum cut
+    """top-p as many samplers write it: ties kept lowest id first, only as many as the mass needs."""
+    p = process(logits, replace(config, top_p=1.0))
+    out = np.zeros_like(p)
+    for i, row in enumerate(p):
+        order = np.argsort(-row, kind="stable")
+        before = np.concatenate([[0.0], np.cumsum(row[order])[:-1]])
+        keep = order[before < config.top_p]
+        out[i, keep] = row[keep] / row[keep].sum()
+    return out
+
+
+def one_tie_kept(target_logits, draft_logits, draft_tokens, config, rng):
+    """Correct speculative sampling whose top-p keeps one of two tied tokens."""
+    return speculative_step(keep_lowest_ids_top_p(target_logits, config), keep_lowest_ids_top_p(draft_logits, config),
+                            draft_tokens, rng)
+
+
+def tie_case():
+    from specref.verification.cases.chain import Case
+
+    tied = np.log(np.array([[0.4, 0.3, 0.3], [0.3, 0.4, 0.3], [0.2, 0.4, 0.4]]))  # ties at the top-p boundary
+    draft = np.log(np.array([[0.5, 0.25, 0.25], [0.25, 0.5, 0.25], [0.25, 0.25, 0.5]]))
+    return Case("top-p-tie", tied, draft, k=1, tables="logits", config=SamplingConfig(top_p=0.5))
+
+
+def test_a_top_p_tie_convention_is_named_and_can_be_declared():
+    from specref.verification.cases.rules import Rules
+
+    default = check_logits_step(one_tie_kept, cases=[tie_case()])
+    assert not default.ok and default.results[0].status == "differs" and default.worst_tv > 0.1, default
+    assert "top_p_ties='lowest_id'" in default.results[0].detail  # reported by its name
+    declared = check_logits_step(one_tie_kept, cases=[tie_case()], rules=Rules(top_p_ties="lowest_id"))
+    assert declared.ok and float(declared.worst_tv) <= 1e-12, declared
+    assert "declared conventions" in str(declared) and "top p ties: lowest_id" in str(declared)
+    assert check_logits_step(one_tie_kept, cases=[tie_case()], rules={"top_p_ties": "lowest_id"}).ok
+    assert not check_logits_step(one_tie_kept, cases=[tie_case()], rules=Rules(top_p_ties="highest_id")).ok
+    # a sampler that keeps every tie (specref's) passes by default and is not renamed
+    assert check_logits_step(logits_reference, cases=[tie_case()]).ok
+
+
+def test_greedy_tie_conventions_at_the_decoder_level():
+    from specref.verification.cases.rules import Rules
+
+    case = next(c for c in default_cases("decoder") if c.name == "greedy-logits")  # a tie for the top
+
+    def decode_highest(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng):
+        rules = Rules(greedy_ties="highest_id")
+        t, d = RuledModel(target, rules, config), RuledModel(draft, rules, config)
+        return speculative_decode(t, d, prompt, k=k, config=SamplingConfig(), max_new_tokens=max_new_tokens,
+                                  stop_tokens=stop_tokens, rng=rng).tokens
+
+    report = check_decoder(decode_highest, cases=[case])
+    assert not report.ok and "greedy_ties='highest_id'" in report.results[0].detail, report
+    assert check_decoder(decode_highest, cases=[case], rules=Rules(greedy_ties="highest_id")).ok
+
+
+def test_tie_rules_on_exact_rows():
+    from fractions import Fraction as F
+
+    from specref.verification.cases.rules import Rules, apply_rules
+
+    p = np.array([[F(2, 5), F(3, 10), F(3, 10)], [F(1, 3)] * 3], dtype=object)
+    top_p = SamplingConfig(top_p=0.5)
+    assert apply_rules(p, top_p, Rules(), probs=True).tolist() == p.tolist()  # specref keeps every tie
+    assert apply_rules(p, top_p, Rules(top_p_ties="lowest_id"), probs=True).tolist() == [
+        [F(4, 7), F(3, 7), 0], [F(1, 2), F(1, 2), 0]]
+    assert apply_rules(p, top_p, Rules(top_p_ties="highest_id"), probs=True).tolist() == [
+        [F(4, 7), 0, F(3, 7)], [0, F(1, 2), F(1, 2)]]
+    top_k = SamplingConfig(top_k=1)
+    assert apply_rules(p, top_k, Rules(top_k_ties="highest_id"), probs=True).tolist() == [[1, 0, 0], [0, 0, 1]]
+    greedy = SamplingConfig(temperature=0)
+    assert apply_rules(p, greedy, Rules(greedy_ties="split"), probs=True)[1].tolist() == [F(1, 3)] * 3
+    assert apply_rules(p, greedy, Rules(greedy_ties="highest_id"), probs=True)[1].tolist() == [0, 0, 1]
+
+
+def test_unknown_conventions_list_the_known_ones():
+    from specref.verification.cases.rules import Rules
+
+    with pytest.raises(SpecrefError, match="known: keep_all, lowest_id, highest_id"):
+        Rules(top_p_ties="keep_one")
+    with pytest.raises(SpecrefError, match="unknown rules field"):
+        check_logits_step(logits_reference, rules={"top_p_tie": "lowest_id"})

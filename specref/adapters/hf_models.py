@@ -1,16 +1,24 @@
 """The oracle's models as PyTorch modules and Hugging Face models (the ``hf`` extra).
 
 A decoder written against Hugging Face-style models (``model(input_ids).logits``,
-``past_key_values``) cannot take the oracle's ``(p, q, draft_tokens)`` rows: its
-speculative step sits inside a loop over models.  This module turns any
-:class:`~specref.verification.cases.chain.Case` side, and any specref model (the n-gram and
-transformer toy models, the table models), into models such a decoder calls as it is:
+``past_key_values``, ``model.config.vocab_size``) cannot take the oracle's
+``(p, q, draft_tokens)`` rows: its speculative step sits inside a loop over models.  This
+module turns any :class:`~specref.verification.cases.chain.Case` side, and any specref model
+(the n-gram and transformer toy models, the table models), into models such a decoder calls as
+it is:
 
 - :class:`TableModule` (``torch.nn.Module``): ``model(input_ids [B, n], past_key_values=None,
-  use_cache=False) -> out`` with ``out.logits [B, n, V]`` (float32) and
-  ``out.past_key_values``; ``model.generation_config`` holds the case's sampling settings.
+  use_cache=None) -> out`` with ``out.logits [B, n, V]`` (float32) and
+  ``out.past_key_values`` (also ``out.cache``); ``model.config`` holds ``vocab_size``,
+  ``use_cache``, ``eos_token_id``, ``pad_token_id``, ``bos_token_id`` (a
+  :class:`SpecrefTableConfig`, a ``transformers.PretrainedConfig`` when transformers is
+  installed) and ``model.generation_config`` the case's sampling settings.
 - :class:`HFTableModel` (a ``transformers.PreTrainedModel``): the same rows behind the
   interface ``generate()`` drives, with or without ``assistant_model=``.
+
+Both names import from this module (``from specref.adapters.hf_models import TableModule``);
+the classes are built on first use, so importing the module needs neither torch nor
+transformers.
 
 Both compute row ``j`` of the logits from the *whole* context the model holds: the
 tokens in its cache followed by ``input_ids[:, :j + 1]``.  The cache holds **token
@@ -21,12 +29,14 @@ shifts it, gives the model a different context -- and with a position-aware case
 ``model.calls`` records each forward call's full context and number of new tokens
 (iterations of a decoder: count the target's calls).
 
-The cache comes back in the form it came in; a ``transformers`` ``Cache``
-(``DynamicCache``) is updated in place (``crop`` works), which is what ``generate`` passes.
-With ``past_key_values=None`` and ``use_cache=True`` the two classes differ:
-:class:`TableModule` (``torch_module``) starts the legacy ``((keys, values),)`` tuple
-(slicing ``k[:, :, :n]`` crops it), while :class:`HFTableModel` (``hf_model``) starts a
-``DynamicCache``, as a ``transformers`` model does.
+The cache, as a ``transformers`` model's: ``use_cache`` defaults to ``config.use_cache``
+(True), so the first call (``past_key_values=None``) starts a cache and returns it -- the
+installed transformers' ``DynamicCache`` (updated in place on later calls; ``crop`` and
+``get_seq_length`` work), or, without transformers, the legacy ``((keys, values),)`` tuple.
+A cache handed in comes back in its own form: any ``transformers`` ``Cache`` updated in
+place, a legacy tuple (slicing ``k[:, :, :n]`` crops it) as a new tuple.  ``use_cache=False``
+with no cache returns none.  Only the public cache API is used (``update``,
+``get_seq_length``), never ``key_cache``/``value_cache``, which transformers 5 removed.
 
 Leviathan et al. notation: ``p`` is the target, ``q`` the draft.  torch and
 transformers are imported inside the functions, so importing this module needs neither.
@@ -80,20 +90,31 @@ def _as_ids(keys):  # [B, 1, L, 1] float keys -> B lists of token ids
     return [[int(t) for t in row] for row in keys[:, 0, :, 0].round().long().tolist()]
 
 
+def _new_cache():
+    """An empty cache of the installed transformers' own class (``DynamicCache``), or None without it."""
+    try:
+        from transformers.cache_utils import DynamicCache
+    except ImportError:
+        return None
+    return DynamicCache()
+
+
 def _update(cache, input_ids):
-    """Append ``input_ids`` to ``cache`` (None, a legacy tuple or a transformers Cache).
+    """Append ``input_ids`` to ``cache`` (None: a new one; a legacy tuple; or a transformers Cache).
 
     Returns ``(tokens already cached per row, the cache to hand back)``.
     """
     torch = _torch()
     new = input_ids.to(torch.float32)[:, None, :, None]  # [B, n] -> [B, 1, n, 1]: token ids as keys
+    if cache is None:
+        cache = _new_cache()
     if cache is None or (isinstance(cache, (tuple, list)) and len(cache) == 0):
         return [[] for _ in range(input_ids.shape[0])], ((new, new.clone()),)
     if isinstance(cache, (tuple, list)):  # the legacy format: ((keys, values),)
         keys = cache[0][0]
         full = torch.cat([keys, new], dim=2)
         return _as_ids(keys), ((full, full.clone()),)
-    if hasattr(cache, "update"):  # a transformers Cache: updated in place, as a real model does
+    if hasattr(cache, "update") and hasattr(cache, "get_seq_length"):  # a transformers Cache, updated in place
         before = cache.get_seq_length()
         keys, _ = cache.update(new, new.clone(), 0)
         cached = _as_ids(keys[:, :, : keys.shape[2] - input_ids.shape[1]])
@@ -156,6 +177,82 @@ def generation_config(config: SamplingConfig = SamplingConfig(), *, stop_tokens=
     return GenerationConfig(**kwargs)
 
 
+# ---------------------------------------------------------------- the config both classes carry
+
+
+def _named(cls, name):
+    """``cls`` findable as ``specref.adapters.hf_models.<name>`` (pickle, repr, the module's ``__getattr__``)."""
+    cls.__module__, cls.__qualname__, cls.__name__ = __name__, name, name
+    return cls
+
+
+class _PlainTableConfig:
+    """A table model's config without transformers: the fields decoders read from ``model.config``."""
+
+    model_type = "specref-table"
+    is_encoder_decoder = False
+
+    def __init__(self, vocab_size=2, use_cache=True, pad_token_id=None, eos_token_id=None, bos_token_id=None,
+                 **kwargs):
+        self.vocab_size, self.use_cache = vocab_size, use_cache
+        self.pad_token_id, self.eos_token_id, self.bos_token_id = pad_token_id, eos_token_id, bos_token_id
+        self.num_hidden_layers = 1  # one cache layer: the token ids
+        self.__dict__.update(kwargs)
+
+    def to_dict(self):
+        return dict(vars(self), model_type=self.model_type)
+
+    def __repr__(self):
+        return f"SpecrefTableConfig({self.to_dict()})"
+
+
+@functools.cache
+def _config_class():
+    """:class:`SpecrefTableConfig`: a ``transformers.PretrainedConfig`` when transformers is installed."""
+    try:
+        from transformers import PretrainedConfig
+    except ImportError:
+        return _named(_PlainTableConfig, "SpecrefTableConfig")
+
+    class SpecrefTableConfig(PretrainedConfig):
+        """``vocab_size``, ``use_cache`` (True, as transformers' causal LMs) and the token ids of a table model."""
+
+        model_type = "specref-table"
+
+        def __init__(self, vocab_size=2, use_cache=True, **kwargs):
+            super().__init__(**kwargs)
+            self.vocab_size, self.use_cache = vocab_size, use_cache
+            self.num_hidden_layers = 1  # one cache layer: the token ids
+
+    return _named(SpecrefTableConfig, "SpecrefTableConfig")
+
+
+def _config_for(vocab_size, stop_tokens=()):
+    stops = [int(t) for t in stop_tokens]
+    return _config_class()(vocab_size=vocab_size, use_cache=True, pad_token_id=stops[0] if stops else 0,
+                           eos_token_id=stops[0] if len(stops) == 1 else (stops or None))
+
+
+def _check_vocab(config, V):
+    """``config.vocab_size`` must be the logits' width (a decoder sizes its tensors by it)."""
+    size = getattr(config, "vocab_size", None)
+    if size != V:
+        raise SpecrefError(f"config.vocab_size is {size!r} but the model's logits have V = {V} entries per row")
+
+
+def _forward(model, input_ids, cache, use_cache):
+    """What both classes do: ``(logits [B, n, V], the cache to return or None)``."""
+    _check_vocab(model.config, model.rows.vocab_size)
+    input_ids = _check_input_ids(input_ids, model.rows.vocab_size)
+    use_cache = getattr(model.config, "use_cache", True) if use_cache is None else use_cache
+    if cache is None and not use_cache:  # as transformers: no cache asked for, none made
+        cached, updated = [[] for _ in range(input_ids.shape[0])], None
+    else:
+        cached, updated = _update(cache, input_ids)
+    model.calls.append((cached[0] + input_ids[0].tolist(), input_ids.shape[1]))
+    return _rows(model.rows, cached, input_ids), updated
+
+
 # ---------------------------------------------------------------- (b) a plain torch module
 
 
@@ -164,12 +261,14 @@ def _module_class():
     torch = _torch()
 
     class TableModule(torch.nn.Module):
-        """``model(input_ids [B, n], past_key_values=None, use_cache=False) -> TableOutput``."""
+        """``model(input_ids [B, n], past_key_values=None, use_cache=None) -> TableOutput``; ``model.config``
+        (:class:`SpecrefTableConfig`) and ``model.generation_config`` as a Hugging Face model has them."""
 
-        def __init__(self, model, gen_config=None):
+        def __init__(self, model, gen_config=None, *, stop_tokens=()):
             super().__init__()
             self.rows = logits_fn(model)
             self.vocab_size = self.rows.vocab_size
+            self.config = _config_for(self.vocab_size, stop_tokens)
             self.generation_config = gen_config
             self.calls = []  # (whole context, number of new tokens) per forward call
             self.register_buffer("_device_anchor", torch.zeros(()), persistent=False)
@@ -178,26 +277,20 @@ def _module_class():
         def device(self):
             return self._device_anchor.device
 
-        def forward(self, input_ids, past_key_values=None, use_cache=None, attention_mask=None, **kwargs):
-            input_ids = _check_input_ids(input_ids, self.vocab_size)
-            cache = kwargs.get("cache", past_key_values)
-            cached, updated = _update(cache, input_ids)
-            self.calls.append((cached[0] + input_ids[0].tolist(), input_ids.shape[1]))
-            logits = _rows(self.rows, cached, input_ids)  # [B, n, V]
-            keep = use_cache or cache is not None
-            return TableOutput(logits=logits, past_key_values=updated if keep else None,
-                               cache=updated if keep else None)
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, attention_mask=None, **kwargs):
+            logits, updated = _forward(self, input_ids, kwargs.get("cache", past_key_values), use_cache)
+            return TableOutput(logits=logits, past_key_values=updated, cache=updated)
 
         def __repr__(self):
             return f"TableModule({self.rows.model!r})"
 
-    return TableModule
+    return _named(TableModule, "TableModule")
 
 
 def torch_module(model, *, config: SamplingConfig = SamplingConfig(), stop_tokens=(), max_new_tokens=None, k=None):
     """Any specref model (or a case's table model) as a :class:`TableModule` (``torch.nn.Module``)."""
     gen = _generation_config_or_none(config, stop_tokens, max_new_tokens, k)
-    return _module_class()(model, gen)
+    return _module_class()(model, gen, stop_tokens=stop_tokens)
 
 
 def torch_models(target, draft, **settings):
@@ -226,26 +319,19 @@ def _generation_config_or_none(config, stop_tokens, max_new_tokens, k):
 def _hf_classes():
     torch = _torch()
     try:
-        from transformers import PretrainedConfig, PreTrainedModel
+        from transformers import PreTrainedModel
         from transformers.generation import GenerationMixin
         from transformers.modeling_outputs import CausalLMOutputWithPast
     except ImportError as e:
         raise ImportError(f"specref.adapters.hf_models.hf_model needs transformers ({e}): "
                           "pip install 'specref[hf]'") from e
     cache_field = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
-
-    class SpecrefTableConfig(PretrainedConfig):
-        model_type = "specref-table"
-
-        def __init__(self, vocab_size=2, **kwargs):
-            super().__init__(**kwargs)
-            self.vocab_size = vocab_size
-            self.num_hidden_layers = 1  # one cache layer: the token ids
+    config_class = _config_class()
 
     class HFTableModel(PreTrainedModel, GenerationMixin):
         """A ``PreTrainedModel`` whose logits are a specref model's rows over the whole context."""
 
-        config_class = SpecrefTableConfig
+        config_class = _config_class()
         main_input_name = "input_ids"
         _supports_cache_class = True
 
@@ -256,30 +342,21 @@ def _hf_classes():
             self.anchor = torch.nn.Parameter(torch.zeros(1), requires_grad=False)  # device and dtype for generate
 
         def forward(self, input_ids=None, past_key_values=None, attention_mask=None, use_cache=None, **kwargs):
-            input_ids = _check_input_ids(input_ids, self.config.vocab_size)
-            cache = kwargs.get("cache", past_key_values)
-            if cache is None and use_cache:
-                from transformers.cache_utils import DynamicCache
-
-                cache = DynamicCache()
-            cached, updated = _update(cache, input_ids)
-            self.calls.append((cached[0] + input_ids[0].tolist(), input_ids.shape[1]))
-            out = CausalLMOutputWithPast(logits=_rows(self.rows, cached, input_ids))
-            if cache is not None:
+            logits, updated = _forward(self, input_ids, kwargs.get("cache", past_key_values), use_cache)
+            out = CausalLMOutputWithPast(logits=logits)
+            if updated is not None:
                 out[cache_field] = updated
             return out
 
-    return SpecrefTableConfig, HFTableModel
+    return config_class, _named(HFTableModel, "HFTableModel")
 
 
 def hf_model(model, *, config: SamplingConfig = SamplingConfig(), stop_tokens=(), max_new_tokens=None, k=None):
     """Any specref model as an :class:`HFTableModel` (a ``transformers.PreTrainedModel``) that
     ``generate()`` accepts; its ``generation_config`` carries the settings (:func:`generation_config`)."""
-    config_class, model_class = _hf_classes()
+    _, model_class = _hf_classes()
     rows = logits_fn(model)
-    stops = [int(t) for t in stop_tokens]
-    hf = model_class(config_class(vocab_size=rows.vocab_size, pad_token_id=stops[0] if stops else 0,
-                                  eos_token_id=stops[0] if len(stops) == 1 else (stops or None)), model)
+    hf = model_class(_config_for(rows.vocab_size, stop_tokens), model)
     hf.generation_config = generation_config(config, stop_tokens=stop_tokens, max_new_tokens=max_new_tokens, k=k)
     hf.eval()
     return hf
@@ -295,6 +372,17 @@ def case_hf_models(case):
     target, draft = case.models()
     settings = dict(config=case.config, stop_tokens=case.stop_tokens, max_new_tokens=case.max_new_tokens, k=case.k)
     return hf_models(target, draft, **settings)
+
+
+def __getattr__(name):
+    """``TableModule``, ``HFTableModel`` and ``SpecrefTableConfig`` by name, built on first use."""
+    if name == "TableModule":
+        return _module_class()
+    if name == "HFTableModel":
+        return _hf_classes()[1]
+    if name == "SpecrefTableConfig":
+        return _config_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------- seeds

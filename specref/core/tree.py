@@ -58,7 +58,8 @@ class DraftTree:
 
     ``parents[0] == -1`` and ``tokens[0] == -1``; for ``i >= 1``, ``0 <= parents[i] < i``
     and ``tokens[i] >= 0``.  Validated on construction (cycles, a parent after its
-    child, out-of-range parents, negative tokens).
+    child, out-of-range parents, negative tokens) in O(N); the shape queries
+    (:meth:`children`, :meth:`depth`, :meth:`is_chain`) read tables built once, in O(N).
     """
 
     parents: tuple
@@ -73,26 +74,35 @@ class DraftTree:
         if n < 1:
             raise SpecrefError("a draft tree needs at least the root node 0, got parents=()")
         if len(tokens) != n:
-            raise SpecrefError(f"tokens must hold one token per node ({n} nodes), got {len(tokens)}")
+            raise SpecrefError(f"tokens must hold one token per node (parents has {n} nodes), got {len(tokens)}")
         if parents[0] != -1:
             raise SpecrefError(f"node 0 is the root and must have parent -1, got parents[0] = {parents[0]}")
         if tokens[0] != -1:
-            raise SpecrefError(f"node 0 is the root (no draft token) and must have token -1, got {tokens[0]}")
+            raise SpecrefError(f"node 0 is the root (no draft token) and must have token -1, got tokens[0] = {tokens[0]}")
         for i in range(1, n):
             if not 0 <= parents[i] < n:
-                raise SpecrefError(f"node {i}: parent {parents[i]} is not a node of this {n}-node tree")
+                raise SpecrefError(f"node {i}: parent {parents[i]} is not a node of this {n}-node tree (parents[{i}])")
             if tokens[i] < 0:
-                raise SpecrefError(f"node {i}: token {tokens[i]} is negative")
-        for i in range(1, n):  # cycles first: a cycle never reaches the root
-            seen, j = set(), i
-            while j != 0:
-                if j in seen:
-                    raise SpecrefError(f"node {i}: its parent links form a cycle through node {j}")
-                seen.add(j)
-                j = parents[j]
-        for i in range(1, n):
-            if parents[i] >= i:
-                raise SpecrefError(f"node {i}: its parent {parents[i]} comes after it; parents must precede children")
+                raise SpecrefError(f"node {i}: token {tokens[i]} is negative (tokens[{i}])")
+        if any(parents[i] >= i for i in range(1, n)):  # else no cycle is possible: skip the walk
+            _check_no_cycle(parents)
+            i = next(i for i in range(1, n) if parents[i] >= i)
+            raise SpecrefError(f"node {i}: its parent {parents[i]} comes after it; parents must precede children "
+                               f"(parents[{i}])")
+
+    def _tables(self):
+        """``(children lists, depths)``, built once (O(N)): parents precede children."""
+        tables = self.__dict__.get("_shape_tables")
+        if tables is None:
+            n = self.size
+            kids = [[] for _ in range(n)]
+            depths = [0] * n
+            for i in range(1, n):
+                kids[self.parents[i]].append(i)
+                depths[i] = depths[self.parents[i]] + 1
+            tables = (kids, depths)
+            object.__setattr__(self, "_shape_tables", tables)
+        return tables
 
     # -- shape -------------------------------------------------------------
 
@@ -103,7 +113,7 @@ class DraftTree:
 
     def children(self, node: int) -> list[int]:
         """The children of ``node``, in node order (the order siblings are tried)."""
-        return [i for i in range(1, self.size) if self.parents[i] == node]
+        return list(self._tables()[0][node])
 
     def path(self, node: int) -> list[int]:
         """The non-root nodes from the root down to ``node`` (``[]`` for the root)."""
@@ -115,18 +125,17 @@ class DraftTree:
 
     def depth(self, node: int | None = None) -> int:
         """The depth of ``node`` (root 0), or of the deepest node when ``node`` is None."""
-        if node is None:
-            return max(len(self.path(i)) for i in range(self.size))
-        return len(self.path(node))
+        depths = self._tables()[1]
+        return max(depths) if node is None else depths[node]
 
     def is_chain(self) -> bool:
-        return all(len(self.children(i)) <= 1 for i in range(self.size))
+        return all(len(kids) <= 1 for kids in self._tables()[0])
 
     def check_distinct_children(self, what: str = "this algorithm") -> None:
         """SpecrefError naming the node when two children of one node carry the same token."""
-        for node in range(self.size):
+        for node, kids in enumerate(self._tables()[0]):
             seen = {}
-            for c in self.children(node):
+            for c in kids:
                 t = self.tokens[c]
                 if t in seen:
                     raise SpecrefError(
@@ -143,6 +152,23 @@ class DraftTree:
             out.append(node)
             at = node
         return out
+
+
+def _check_no_cycle(parents) -> None:
+    """SpecrefError naming the first node (and a node on the cycle) whose parent links never reach
+    the root, in O(N): each walk stops at a node already known to reach it."""
+    state = [0] * len(parents)  # 0: unknown, 1: on the walk in progress, 2: reaches the root
+    state[0] = 2
+    for i in range(1, len(parents)):
+        walk, j = [], i
+        while state[j] == 0:
+            state[j] = 1
+            walk.append(j)
+            j = parents[j]
+        if state[j] == 1:
+            raise SpecrefError(f"node {i}: its parent links form a cycle through node {j} (parents)")
+        for w in walk:
+            state[w] = 2
 
 
 def _ints(name, values) -> tuple:
@@ -176,7 +202,7 @@ def check_tree_rows(tree: DraftTree, p_target, q_draft=None):
     if getattr(p_target, "ndim", None) != 2 or p_target.shape[0] != n:
         raise SpecrefError(f"p_target must have shape [N, V] with one row per node (N = {n}), "
                            f"got {getattr(p_target, 'shape', type(p_target).__name__)}")
-    check_prob_rows("p_target", p_target)
+    p_target = check_prob_rows("p_target", p_target)  # float32/float16 rows come back renormalised in float64
     V = p_target.shape[1]
     for i in range(1, n):
         if tree.tokens[i] >= V:
@@ -191,7 +217,7 @@ def check_tree_rows(tree: DraftTree, p_target, q_draft=None):
                            f"got {getattr(q_draft, 'shape', type(q_draft).__name__)}")
     if is_exact(p_target) != is_exact(q_draft):
         raise SpecrefError("p_target and q_draft must both be Fraction (object) rows or both float rows")
-    check_prob_rows("q_draft", q_draft)
+    q_draft = check_prob_rows("q_draft", q_draft)
     for i in range(1, n):
         a, x = tree.parents[i], tree.tokens[i]
         if q_draft[a, x] == 0:
@@ -244,8 +270,7 @@ def to_sglang(tree: DraftTree, root_token: int = -1):
     """``(candidates [N], retrive_next_token [N], retrive_next_sibling [N])`` lists, -1 = none."""
     n = tree.size
     first, sibling = [-1] * n, [-1] * n
-    for node in range(n):
-        kids = tree.children(node)
+    for node, kids in enumerate(tree._tables()[0]):
         if kids:
             first[node] = kids[0]
             for a, b in zip(kids, kids[1:]):

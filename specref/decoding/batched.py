@@ -40,13 +40,15 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import NamedTuple
 
+import types
+
 import numpy as np
 from array_api_compat import device as _device
 
 from specref.core import errors as _errors
 from specref.core.backend import namespace, to_host, to_numpy
 from specref.core.draws import categorical, coerce_rng
-from specref.core.errors import SpecrefError
+from specref.core.errors import SpecrefError, SpecrefTypeError
 from specref.core.step import correction_weights, residual_weights
 
 __all__ = [
@@ -162,11 +164,16 @@ def check_batched_inputs(p_target, q_draft, draft_tokens, num_draft=None, *, pla
     if x.dtype.kind not in "iu":
         raise SpecrefError(f"draft_tokens must hold integer ids, got dtype {x.dtype}")
     B, K = x.shape
+    if B == 0:
+        raise SpecrefError(f"draft_tokens must hold at least one row (B >= 1), got shape {tuple(x.shape)}")
     pshape = tuple(getattr(p_target, "shape", ()))
     if len(pshape) != 3 or pshape[0] != B or pshape[1] != K + 1:
         raise SpecrefError(f"p_target must have shape [B, K+1, V] = [{B}, {K + 1}, V] for draft_tokens "
                            f"[{B}, {K}], got {list(pshape)}")
     V = int(pshape[2])
+    if V == 0:
+        raise SpecrefError(f"p_target must have a non-empty vocabulary axis (V >= 1), got shape {list(pshape)}")
+    placeholder = check_placeholder(placeholder, V)
     if q_draft is not None:
         qshape = tuple(getattr(q_draft, "shape", ()))
         if qshape != (B, K, V):
@@ -175,15 +182,9 @@ def check_batched_inputs(p_target, q_draft, draft_tokens, num_draft=None, *, pla
     x = x.astype(np.int64)
     is_pad = x == placeholder
     if num_draft is None:
-        k = np.where(is_pad.any(axis=1), is_pad.argmax(axis=1), K).astype(np.int64)
+        k = np.where(is_pad.any(axis=1), is_pad.argmax(axis=1), K).astype(np.int64) if K else np.zeros(B, np.int64)
     else:
-        k = to_numpy(num_draft)
-        if k.shape != (B,) or k.dtype.kind not in "iu":
-            raise SpecrefError(f"num_draft must be [B] = [{B}] integers, got {k.dtype} {tuple(k.shape)}")
-        k = k.astype(np.int64)
-        if (k < 0).any() or (k > K).any():
-            b = int(np.argmax((k < 0) | (k > K)))
-            raise SpecrefError(f"num_draft[{b}] = {k[b]} (row {b}) is outside 0..K = 0..{K}")
+        k = check_num_draft(num_draft, B, K)
     pos = np.arange(K)[None, :]
     live = pos < k[:, None]  # [B, K]
     stray = ~live & ~is_pad
@@ -207,6 +208,43 @@ def check_batched_inputs(p_target, q_draft, draft_tokens, num_draft=None, *, pla
             raise SpecrefError(f"draft_tokens[{b}, {i}] = {x[b, i]} (row {b}) has q_draft[{b}, {i}, {x[b, i]}] = 0: "
                                "the draft cannot have proposed it")
     return p, q, np.where(live, x, placeholder), k
+
+
+def check_placeholder(placeholder, V: int) -> int:
+    """The padding id: an int (not a bool) outside the vocabulary ``0..V-1``, else SpecrefError naming it."""
+    if isinstance(placeholder, (bool, np.bool_)) or not isinstance(placeholder, (int, np.integer)):
+        raise SpecrefTypeError(f"placeholder must be an integer id outside the vocabulary (e.g. -1), "
+                               f"got {placeholder!r:.80}")
+    if 0 <= placeholder < V:
+        raise SpecrefError(f"placeholder = {placeholder} is a token of the vocabulary 0..{V - 1}; "
+                           f"padding must be told apart from tokens (use -1)")
+    return int(placeholder)
+
+
+def check_num_draft(num_draft, B: int, K: int) -> np.ndarray:
+    """``num_draft`` as ``[B]`` int64 counts in ``0..K``, else SpecrefError naming it and the row."""
+    k = to_numpy(num_draft)
+    if k.shape != (B,) or k.dtype.kind not in "iu":
+        raise SpecrefError(f"num_draft must be [B] = [{B}] integers, got {k.dtype} {tuple(k.shape)}")
+    k = k.astype(np.int64)
+    if (k < 0).any() or (k > K).any():
+        b = int(np.argmax((k < 0) | (k > K)))
+        raise SpecrefError(f"num_draft[{b}] = {k[b]} (row {b}) is outside 0..K = 0..{K}")
+    return k
+
+
+def _batched_rng(rng):
+    """The generator the batched samplers draw from: an int seed, a Generator instance or the
+    enumerator; a class (``np.random.Generator`` itself), a module, None or the legacy
+    ``RandomState`` is refused (an unbound ``Generator.random`` crashes the interpreter)."""
+    if rng is None or isinstance(rng, (type, types.ModuleType, np.random.RandomState)):
+        what = "the class" if isinstance(rng, type) else ("the module" if isinstance(rng, types.ModuleType)
+                                                           else type(rng).__name__)
+        raise SpecrefTypeError(f"rng must be a generator instance or an int seed, got {what} "
+                               f"{getattr(rng, '__name__', '')}".rstrip() + "; pass numpy.random.default_rng(seed)")
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, (bool, np.bool_)) and rng < 0:
+        raise SpecrefError(f"rng as an int seed must be >= 0, got {rng}")
+    return coerce_rng(rng, check=True)
 
 
 def _lazy(rng) -> bool:
@@ -296,7 +334,7 @@ def batched_step(p_target, q_draft, draft_tokens, rng, *, num_draft=None,
     backend (NumPy, torch, CuPy).
     """
     xp, p, q, x, k, exact = _prepare(p_target, q_draft, draft_tokens, num_draft, placeholder)
-    rng = coerce_rng(rng, check=True)
+    rng = _batched_rng(rng)
     B, K1, _ = p.shape
     u_accept = _uniforms(rng, (B, K1 - 1), xp=xp, like=p)
     u_final = _uniforms(rng, (B,), xp=xp, like=p)
@@ -308,10 +346,15 @@ def sample_drafts(q_draft, rng, *, num_draft=None, placeholder: int = PLACEHOLDE
 
     One coin per (b, i) from ``rng.random((B, K))``, located by comparison in the row's CDF.
     """
-    rng = coerce_rng(rng, check=True)
-    host = to_numpy(q_draft)
-    B, K, V = host.shape
-    k = np.full(B, K) if num_draft is None else to_numpy(num_draft).astype(np.int64)
+    rng = _batched_rng(rng)
+    if isinstance(q_draft, (list, tuple)):
+        q_draft = np.asarray(q_draft)
+    shape = tuple(getattr(q_draft, "shape", ()))
+    if len(shape) != 3 or 0 in shape:
+        raise SpecrefError(f"q_draft must have shape [B, K, V] with B, K, V >= 1, got {list(shape)}")
+    B, K, V = (int(n) for n in shape)
+    check_placeholder(placeholder, V)
+    k = np.full(B, K, dtype=np.int64) if num_draft is None else check_num_draft(num_draft, B, K)
     live = np.arange(K)[None, :] < k[:, None]
     q = _host_rows("q_draft", q_draft, f"[{B}, {K}, {V}]", live)
     if q.dtype != object:
@@ -328,7 +371,7 @@ def batched_draft_and_verify(p_target, q_draft, rng, *, num_draft=None,
     p_target [B, K+1, V], q_draft [B, K, V] -> BatchedSteps.  Coins, in order: draft
     ``[B, K]``, acceptance ``[B, K]``, final ``[B]`` -- three separate streams, none reused.
     """
-    rng = coerce_rng(rng, check=True)
+    rng = _batched_rng(rng)
     x = sample_drafts(q_draft, rng, num_draft=num_draft, placeholder=placeholder)
     steps = batched_step(p_target, q_draft, x, rng, num_draft=num_draft, placeholder=placeholder)
     return steps

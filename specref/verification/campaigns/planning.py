@@ -22,11 +22,13 @@ import json
 import sys
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
-from specref.core.errors import SpecrefError
-from specref.verification.running.calling import Misbehaved
+from specref.core.errors import SpecrefError, SpecrefTypeError, check_positive_int
+from specref.verification.cases.chain import Case
+from specref.verification.running.calling import guarded
 from specref.verification.levels import LEVELS
 from specref.verification.running.report import Report, Settings
 from specref.verification.statistics.counts import samples_needed
@@ -53,31 +55,52 @@ def _settings(settings, fields_):
 def plan(level: str, fn, cases=None, *, settings: Settings | None = None, calls: int = 5, file=None,
          quiet: bool = False, **fields_) -> list[PlanRow]:
     """Print (to ``file``, default stdout; nothing when ``quiet``) and return N per case and an ETA
-    from ``calls`` timed calls of the implementation on each case."""
-    if level not in LEVELS or LEVELS[level].program is None:
+    from ``calls`` timed calls of the implementation on each case.
+
+    The timed calls are the first calls of an implementation nobody has checked yet: they run in a
+    forked worker per case (``isolate=False`` runs them here), under ``time_limit`` per call and
+    ``case_time_limit`` per case, and a misbehaviour is the case's note, never an exception."""
+    if not isinstance(level, str) or level not in LEVELS or LEVELS[level].program is None:
         raise SpecrefError(f"plan needs a level run by programs (step, logits, decoder), got {level!r}")
+    if not callable(fn):
+        raise SpecrefTypeError(f"fn (the implementation to plan for) must be callable, got {fn!r:.80}")
+    calls = check_positive_int("calls", calls)
     settings = _settings(settings, fields_)
     spec = LEVELS[level]
-    cases = spec.cases() if cases is None else list(cases)
+    try:
+        cases = spec.cases() if cases is None else list(cases)
+    except TypeError:
+        raise SpecrefTypeError(f"cases must be an iterable of Case objects, got {cases!r:.80}") from None
     if not cases:
         raise SpecrefError("cases is empty: there is nothing to plan")
+    for case in cases:
+        if not isinstance(case, Case):
+            raise SpecrefError(f"plan's cases must be specref.verification.cases.chain.Case objects, got {case!r:.120}")
+        case.models()  # validates the tables
+    isolate = True if settings.isolate is None else settings.isolate
     rows = []
     for i, case in enumerate(cases):
         program, expected = spec.program(fn, case.as_float(), settings.time_limit)
         null = np.array([float(w) for w in expected.values()] + [0.0])
         n = settings.samples or samples_needed(settings.detect_tv, settings.alpha, 0.9, len(null), null=null)
-        gen = np.random.default_rng(settings.seed + i)
-        try:
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                program(gen, int(gen.integers(2 ** 63)))
-            per_call = (time.perf_counter() - t0) / calls
-            rows.append(PlanRow(case.name, len(expected), n, per_call, n * per_call))
-        except Misbehaved as m:
-            rows.append(PlanRow(case.name, len(expected), n, None, None, note=f"{m.status}: {m.detail[:80]}"))
+        status, value = guarded(partial(_timed_calls, program, settings.seed + i, calls), isolate=isolate,
+                                time_limit=settings.time_limit, case_time_limit=settings.case_time_limit)
+        if status == "result":
+            rows.append(PlanRow(case.name, len(expected), n, value, n * value))
+        else:
+            rows.append(PlanRow(case.name, len(expected), n, None, None, note=f"{status}: {value[:80]}"))
     if not quiet:
         print(_table(rows, settings), file=file or sys.stdout)
     return rows
+
+
+def _timed_calls(program, seed, calls) -> float:
+    """Seconds per call of ``calls`` runs of the case's program (each one call of the implementation)."""
+    gen = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        program(gen, int(gen.integers(2 ** 63)))
+    return (time.perf_counter() - t0) / calls
 
 
 def _table(rows, settings):
@@ -98,10 +121,15 @@ def _duration(s):
 
 def run_each(level: str, fn, cases=None, *, settings: Settings | None = None, on_case=None, json_lines=None,
              rules=None, **fields_) -> Report:
-    """The check, one case at a time: ``on_case(i, result)`` and/or one JSON line per verdict in ``json_lines``."""
+    """The check, one case at a time: ``on_case(i, result)`` and/or one JSON line per verdict in ``json_lines``.
+
+    A long statistical campaign runs an implementation with its own randomness: its cases are
+    isolated (forked workers) unless ``isolate`` is set, at every level."""
     from specref.verification.oracle import check  # the oracle registers the levels; imported where used
 
     settings = replace(settings or Settings(), **fields_)
+    if settings.isolate is None and settings.mode == "statistical":
+        settings = replace(settings, isolate=True)
     spec = LEVELS.get(level)
     cases = (spec.cases() if spec else []) if cases is None else list(cases)
     if not cases:

@@ -15,11 +15,17 @@ A sweep file (JSON or TOML) names the implementation, the level and the grid::
 The record (``out``) is rewritten after every finished shard and cell, so an
 interrupted sweep resumes from it: finished cells are not run again, and a
 statistical cell keeps its finished shards (:func:`specref.verification.statistics.shards.tally`).
+
+A sweep runs an implementation nobody has vetted yet, so its cells are isolated by default
+(``Settings.isolate``: each case in a forked worker with a hard deadline): one that exits,
+crashes or hangs is a status of its cell, not the end of the sweep.  ``isolate=False``, or
+``isolate = false`` in the file's settings, runs the cells in this process.  The
+implementation's module is imported first in a forked worker
+(:func:`~specref.verification.running.calling.load_implementation`).
 """
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import json
 import os
@@ -30,6 +36,7 @@ from pathlib import Path
 from specref.core.errors import SpecrefError
 from specref.verification.levels import LEVELS
 from specref.verification.oracle import check
+from specref.verification.running.calling import load_implementation
 from specref.verification.running.report import Settings
 
 __all__ = ["load_sweep", "run_sweep", "cells", "sweep_table"]
@@ -98,12 +105,12 @@ def cells(spec: dict) -> list[dict]:
     return out
 
 
-def _load_impl(spec):
-    module, _, attr = spec.partition(":")
+def _load_impl(spec, *, probe: bool = True):
+    """The sweep's implementation; any failure of its import (``sys.exit`` included) a SpecrefError."""
     try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise SpecrefError(f"cannot load the sweep's impl {spec!r}: {e}") from None
+        return load_implementation(spec, probe=probe)
+    except SpecrefError as e:
+        raise SpecrefError(f"the sweep's impl: {e}") from None
 
 
 class _Record:
@@ -141,10 +148,16 @@ class _SavingStore(dict):
         self.record.save()
 
 
-def run_sweep(spec: dict, *, out=None, executor=None, progress: bool = True, on_cell=None) -> dict:
-    """Run every cell not yet in the record at ``out``; returns the record (``{"sweep", "cells"}``)."""
+def run_sweep(spec: dict, *, out=None, executor=None, progress: bool = True, on_cell=None,
+              isolate: bool = True) -> dict:
+    """Run every cell not yet in the record at ``out``; returns the record (``{"sweep", "cells"}``).
+
+    ``isolate``: each cell's case in a forked worker (the default; an ``isolate`` in the sweep's
+    settings or grid wins)."""
+    if not isinstance(isolate, bool):
+        raise SpecrefError(f"isolate must be True or False, got {isolate!r}")
     spec = validate(spec)
-    fn = _load_impl(spec["impl"])
+    fn = _load_impl(spec["impl"], probe=isolate)
     level = spec["level"]
     by_name = {c.name: c for c in LEVELS[level].cases()}
     record = _Record(out, spec)
@@ -153,8 +166,8 @@ def run_sweep(spec: dict, *, out=None, executor=None, progress: bool = True, on_
         if entry["result"] is not None:
             continue
         store = _SavingStore(entry["shards"], record)
-        settings = Settings(**{**spec["settings"], **cell["params"]}, executor=executor, progress=progress,
-                            shard_store=store)
+        fields_ = {"isolate": isolate, **spec["settings"], **cell["params"]}
+        settings = Settings(**fields_, executor=executor, progress=progress, shard_store=store)
         report = check(level, fn, cases=[by_name[cell["case"]]], settings=settings)
         r = report.results[0]
         entry["result"] = {

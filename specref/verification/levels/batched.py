@@ -39,6 +39,14 @@ Modes:
   is the largest that any statistic needs to detect ``detect_tv`` with power 0.9 at that level,
   and the report states the TV each statistic can detect at N.
 
+Inputs: every call gets its own read-only copies of the rows and drafts (torch tensors: clones,
+whose version counters show a write); a write is the status ``writes into its inputs``, and the
+oracle counts its own drafts, never what it handed over.  The output is parsed
+(:func:`parse_output`) inside the guarded call, so ``.cpu()``, ``__array__`` or iteration that
+raise (``SystemExit`` included) or never end are ``invalid output`` or a time-out.  Cases are
+validated on construction (:class:`BatchedCase`); an exact case whose law has more than
+``max_paths`` outcomes is ``over budget`` before it runs.
+
 Malformed outputs get ``invalid output`` naming the row: a placeholder before a real token, a
 count that disagrees with the tokens, an id outside ``0..V-1``, a row longer than ``k_b + 1``,
 an accepted position that is not the draft token, a wrong dtype or shape.
@@ -56,15 +64,15 @@ from fractions import Fraction
 import numpy as np
 
 from specref.core.backend import to_host
-from specref.core.errors import SpecrefError
+from specref.core.errors import SpecrefError, SpecrefTypeError
 from specref.core.step import residual_weights
-from specref.decoding.batched import PLACEHOLDER, batched_draft_and_verify, batched_step
-from specref.verification.running.calling import Misbehaved, call, case_budget
+from specref.decoding.batched import PLACEHOLDER, batched_draft_and_verify, batched_step, check_placeholder, row_tolerance
+from specref.verification.running.calling import Misbehaved, call, can_isolate, case_budget, foreign, guarded
 from specref.verification.laws.enumeration import compare, law
 from specref.verification.levels.runner import PILOT, run_cases, samples_in_budget
 from specref.verification.running.level import Level
 from specref.verification.running.progress import progress_bar
-from specref.verification.running.report import DIFFERS, INVALID, OK, CaseResult, Report, Settings, law_verdict
+from specref.verification.running.report import DIFFERS, INVALID, OK, WRITES, CaseResult, Report, Settings, law_verdict
 from specref.verification.statistics.shards import BLOCK, Tally, block_rng, tally
 from specref.verification.statistics.counts import compare_counts, planned_power, samples_needed
 
@@ -90,9 +98,16 @@ MAX_SAMPLES = 2_000_000  # statistical mode: N per row is capped here
 class BatchedCase:
     """One batch: plain data that reproduces a verdict.
 
-    ``p_target`` [B, K+1, V] and ``q_draft`` [B, K, V] hold Fractions (exact) or float64.
+    ``p_target`` [B, K+1, V] and ``q_draft`` [B, K, V] hold Fractions (exact) or floats.
     ``q_draft = None`` hands the implementation point-mass drafts drawn from ``proposal``.
     ``num_draft`` (per-row ``k_b``) makes rows ragged.
+
+    Validated on construction, each error a SpecrefError naming the field and the value: every
+    row a distribution (Fraction rows summing to exactly 1, float rows finite, non-negative and
+    summing to 1 within ``row_tolerance(float32, V)``), the shapes, ``num_draft`` (B counts in
+    ``0..K``), ``grid`` (None or an int in 1..64), ``array``, ``dtype``, ``memory_budget`` (a
+    positive int) and ``device`` (a torch device name, with ``array="torch"``; whether it exists
+    is checked when a statistical check starts).
     """
 
     name: str
@@ -105,6 +120,32 @@ class BatchedCase:
     dtype: str = "float32"  # statistical mode: the rows' dtype ("float32" or "float64")
     memory_budget: int = MEMORY_BUDGET  # statistical mode: bytes of input rows per call
     device: str | None = None  # statistical mode, torch arrays: the device they are put on ("cuda")
+
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise SpecrefTypeError(f"BatchedCase name must be a string, got {self.name!r:.80}")
+        where = f"BatchedCase {self.name!r}"
+        p = _case_rows(where, "p_target", self.p_target)
+        B, K1, V = p.shape
+        q = None if self.q_draft is None else _case_rows(where, "q_draft", self.q_draft, (B, K1 - 1, V), like=p)
+        d = None if self.proposal is None else _case_rows(where, "proposal", self.proposal, (B, K1 - 1, V), like=p)
+        for name, value in (("p_target", p), ("q_draft", q), ("proposal", d)):
+            object.__setattr__(self, name, value)
+        if self.num_draft is not None:
+            object.__setattr__(self, "num_draft", _case_num_draft(where, self.num_draft, B, K1 - 1))
+        g = self.grid
+        if g is not None and (isinstance(g, (bool, np.bool_)) or not isinstance(g, (int, np.integer)) or not 1 <= g <= 64):
+            raise SpecrefError(f"{where}: grid must be None or an int in 1..64 (coins k 2^-grid; 24: float32), got {g!r:.80}")
+        if not isinstance(self.array, str) or self.array not in ("numpy", "torch"):
+            raise SpecrefError(f"{where}: array must be 'numpy' or 'torch', got {self.array!r:.80}")
+        if not isinstance(self.dtype, str) or self.dtype not in ("float32", "float64"):
+            raise SpecrefError(f"{where}: dtype must be 'float32' or 'float64', got {self.dtype!r:.80}")
+        m = self.memory_budget
+        if isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, np.integer)) or m < 1:
+            raise SpecrefError(f"{where}: memory_budget must be a positive int (bytes of rows per call), got {m!r:.80}")
+        if self.device is not None and (not isinstance(self.device, str) or not self.device or self.array != "torch"):
+            raise SpecrefError(f"{where}: device is a torch device name (with array='torch'), got {self.device!r:.80} "
+                               f"with array={self.array!r}")
 
     @property
     def shape(self):
@@ -137,23 +178,118 @@ class BatchedCase:
                 f"num_draft={self.num_draft}, grid={self.grid})")
 
 
-def _validate_case(level: str, case):
+def _case_rows(where, name, rows, shape=None, *, like=None):
+    """A case's probability rows ``[B, R, V]``, validated: Fraction (object) rows summing to exactly 1,
+    or float rows (returned as they are) finite, non-negative and summing to 1 within
+    ``row_tolerance(float32, V)``; ``shape`` and ``like`` (the same kind as ``p_target``) when given."""
+    if isinstance(rows, (list, tuple)):
+        try:
+            obj = np.asarray(rows, dtype=object)
+            rows = obj if any(isinstance(v, Fraction) for v in obj.ravel()) else np.asarray(rows, dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise SpecrefError(f"{where}: {name} is not a [B, R, V] table of probabilities ({e})") from None
+    if not isinstance(rows, np.ndarray):
+        raise SpecrefTypeError(f"{where}: {name} must be a NumPy array [B, R, V], got {type(rows).__name__}")
+    if rows.ndim != 3 or 0 in rows.shape:
+        raise SpecrefError(f"{where}: {name} must have shape [B, K+1, V] (3-D, no empty axis), got {rows.shape}")
+    if shape is not None and rows.shape != shape:
+        raise SpecrefError(f"{where}: {name} must have shape [B, K, V] = {list(shape)} (from p_target), "
+                           f"got {list(rows.shape)}")
+    if rows.dtype.kind in "iub":
+        rows = rows.astype(np.float64)
+    exact = rows.dtype == object
+    if like is not None and exact != (like.dtype == object):
+        raise SpecrefError(f"{where}: {name} and p_target must both hold Fractions (object) or both floats")
+    B, R, V = rows.shape
+    if exact:
+        for b, i in np.ndindex(B, R):
+            row = rows[b, i]
+            if not all(type(v) in (Fraction, int) for v in row):
+                raise SpecrefTypeError(f"{where}: {name}[{b}, {i}] must hold Fractions, got {list(row)!r:.120}")
+            if min(row) < 0:
+                raise SpecrefError(f"{where}: {name}[{b}, {i}] has a negative entry: {list(map(str, row))}")
+            if sum(row) != 1:
+                raise SpecrefError(f"{where}: {name}[{b}, {i}] sums to {sum(row)}, not exactly 1")
+        return rows
+    if rows.dtype.kind != "f" or rows.dtype.itemsize < 4:
+        raise SpecrefError(f"{where}: {name} must hold Fractions or float32/float64 probabilities, got dtype {rows.dtype}")
+    r64 = rows.astype(np.float64)
+    bad = ~np.isfinite(r64).all(axis=2)
+    if bad.any():
+        b, i = map(int, np.argwhere(bad)[0])
+        raise SpecrefError(f"{where}: {name}[{b}, {i}] is not finite (NaN or inf)")
+    neg = (r64 < 0).any(axis=2)
+    if neg.any():
+        b, i = map(int, np.argwhere(neg)[0])
+        raise SpecrefError(f"{where}: {name}[{b}, {i}] has a negative entry")
+    sums, tol = r64.sum(axis=2), row_tolerance(np.float32, V)
+    off = np.abs(sums - 1) > tol
+    if off.any():
+        b, i = map(int, np.argwhere(off)[0])
+        raise SpecrefError(f"{where}: {name}[{b}, {i}] sums to {sums[b, i]!r}, not 1 within {tol:.3g}")
+    return rows
+
+
+def _case_num_draft(where, num_draft, B, K) -> tuple:
+    if isinstance(num_draft, (str, bytes)) or not hasattr(num_draft, "__iter__"):
+        raise SpecrefTypeError(f"{where}: num_draft must be None or B = {B} counts in 0..{K}, got {num_draft!r:.80}")
+    counts = tuple(num_draft.tolist() if hasattr(num_draft, "tolist") else num_draft)
+    if len(counts) != B or any(isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)) or not 0 <= c <= K
+                               for c in counts):
+        raise SpecrefError(f"{where}: num_draft must be None or B = {B} counts in 0..{K}, got {num_draft!r:.80}")
+    return tuple(int(c) for c in counts)
+
+
+def _validate_case(level: str, case, settings=None):
     if not isinstance(case, BatchedCase):
-        raise SpecrefError(f"cases of the {level} level must be BatchedCase objects, got {case!r}")
+        raise SpecrefError(f"cases of the {level} level must be BatchedCase objects, got {case!r:.200}")
     B, K1, V = case.shape
     if case.q_draft is None:
         if level == "draft_and_verify":
             raise SpecrefError(f"case {case.name!r}: the draft_and_verify level needs q_draft (it samples from it)")
-        if case.proposal is None or case.proposal.shape != (B, K1 - 1, V):
-            raise SpecrefError(f"case {case.name!r}: point-mass drafts need proposal [B, K, V] = [{B}, {K1 - 1}, {V}]")
-    elif case.q_draft.shape != (B, K1 - 1, V):
-        raise SpecrefError(f"case {case.name!r}: q_draft shape {case.q_draft.shape} != [{B}, {K1 - 1}, {V}]")
-    k = case.k
-    if k.shape != (B,) or (k < 0).any() or (k > K1 - 1).any():
-        raise SpecrefError(f"case {case.name!r}: num_draft must be B = {B} counts in 0..{K1 - 1}, got {case.num_draft}")
-    if case.array not in ("numpy", "torch") or case.dtype not in ("float32", "float64"):
-        raise SpecrefError(f"case {case.name!r}: array must be 'numpy' or 'torch' and dtype 'float32' or "
-                           f"'float64', got {case.array!r}, {case.dtype!r}")
+        if case.proposal is None:
+            raise SpecrefError(f"case {case.name!r}: q_draft is None (point-mass drafts), so a proposal "
+                               f"[B, K, V] = [{B}, {K1 - 1}, {V}] is needed")
+    if settings is not None and settings.mode == "exact" and not case.exact:
+        raise SpecrefError(f"case {case.name!r}: exact mode needs Fraction rows (object arrays)")
+    if settings is not None and settings.mode == "statistical" and case.array == "torch":
+        _check_torch_device(case)
+
+
+def _check_torch_device(case):
+    """SpecrefError unless torch imports and ``case.device`` (when set) holds a tensor.  Where CUDA is
+    not yet started here, the device is tried in a forked worker: a process that has started CUDA
+    cannot fork workers that use it, and isolated cases run in forked workers."""
+    try:
+        import torch  # the torch path is optional: imported where it is used
+    except ImportError as e:
+        raise SpecrefError(f"case {case.name!r}: array='torch' needs torch ({e})") from None
+    if case.device is None:
+        return
+    try:
+        device = torch.device(case.device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise SpecrefError(f"case {case.name!r}: device {case.device!r} is not a torch device ({e})") from None
+    probe = partial(_device_works, case.device)
+    if device.type == "cpu" or torch.cuda.is_initialized() or not can_isolate():
+        problem = probe()
+    else:
+        status, problem = guarded(probe, isolate=True, time_limit=120, case_time_limit=120)
+        if status != "result":
+            problem = f"{status}: {problem}"
+    if problem:
+        raise SpecrefError(f"case {case.name!r}: device {case.device!r} is not available here: {problem}")
+
+
+def _device_works(device):
+    """None when a tensor can be put on ``device``, else why not."""
+    import torch
+
+    try:
+        torch.empty(1, device=device).cpu()
+    except Exception as e:  # noqa: BLE001 - reported as a usage error
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 # ---------------------------------------------------------------- exact laws (closed form)
@@ -231,16 +367,15 @@ def parse_output(out, B, K, V, k, drafts=None, *, placeholder=PLACEHOLDER, what=
     """Validate a batched output; host ``(tokens [B, K+1] int64, n_emitted [B])`` or ``Misbehaved``.
 
     ``out``: ``[B, K+1]`` ids, or ``(tokens, n_emitted)``, or ``(tokens, n_accepted, n_emitted)``,
-    any array backend.  ``drafts`` [B, K]: the accepted positions must hold them.
+    any array backend.  ``drafts`` [B, K]: the accepted positions must hold them.  Everything that
+    touches ``out`` (``.cpu()``, ``__array__``, ``len``, indexing) runs under
+    :func:`~specref.verification.running.calling.foreign`: whatever it raises, ``SystemExit``
+    included, is ``invalid output``; the levels run this parser inside the guarded call (``convert``),
+    so that a conversion that never ends is a time-out.  The checks then run on host copies.
     """
-    counts = ()
-    if isinstance(out, tuple) and len(out) in (2, 3) and getattr(out[0], "ndim", None) == 2:
-        out, counts = out[0], tuple(out[1:])
-    dtype = str(getattr(out, "dtype", ""))
-    try:
-        tokens = to_host(out) if hasattr(out, "shape") else np.asarray(out)
-    except Exception as e:  # noqa: BLE001 - an unconvertible output is the implementation's
-        raise Misbehaved(INVALID, f"{what} returned {type(out).__name__} that is not an array: {e}") from None
+    placeholder = check_placeholder(placeholder, V)
+    with foreign(f"{what} returned {_short(out)}, not [B, K+1] ids"):
+        tokens, counts, dtype = _host_output(out)
     if tokens.dtype.kind not in "iu":
         raise Misbehaved(INVALID, f"{what} returned ids of dtype {dtype or tokens.dtype}; ids must be integers")
     if tokens.shape != (B, K + 1):
@@ -275,7 +410,8 @@ def parse_output(out, B, K, V, k, drafts=None, *, placeholder=PLACEHOLDER, what=
                                       f"token {drafts[b, j]}")
     names = ("n_emitted",) if len(counts) == 1 else ("n_accepted", "n_emitted")
     for name, c in zip(names, counts):
-        c = to_host(c).reshape(-1)
+        if c.dtype.kind not in "iuf":
+            raise Misbehaved(INVALID, f"{what} returned {name} of dtype {c.dtype}; counts must be integers")
         want = n - 1 if name == "n_accepted" else n
         if c.shape != (B,) or (c.astype(np.int64) != want).any():
             b = 0 if c.shape != (B,) else int(np.argmax(c.astype(np.int64) != want))
@@ -283,6 +419,29 @@ def parse_output(out, B, K, V, k, drafts=None, *, placeholder=PLACEHOLDER, what=
             raise Misbehaved(INVALID, f"row {b}: {name} = {got} disagrees with the tokens "
                                       f"({int(want[b])}): {tokens[b].tolist()}")
     return tokens, n
+
+
+def _host_output(out):
+    """``(tokens, counts, dtype name)``: host NumPy copies of an implementation's output (foreign code)."""
+    counts = ()
+    if isinstance(out, tuple) and len(out) in (2, 3) and getattr(out[0], "ndim", None) == 2:
+        out, counts = out[0], tuple(out[1:])
+    dtype = str(getattr(out, "dtype", ""))
+    return _host(out), tuple(_host(c).reshape(-1) for c in counts), dtype
+
+
+def _host(x) -> np.ndarray:
+    """A host NumPy copy (base class, its own memory) of an array of any backend, or of a list."""
+    h = to_host(x) if hasattr(x, "shape") else np.asarray(x)
+    return np.array(h, copy=True, subok=False)
+
+
+def _short(value, limit: int = 200) -> str:
+    try:
+        text = repr(value)
+    except BaseException:  # noqa: BLE001 - a hostile __repr__
+        text = f"<a {type(value).__name__} whose repr() raised>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # ---------------------------------------------------------------- exact mode
@@ -298,37 +457,65 @@ def _draw_drafts_exact(rng, case):
     return x
 
 
+def _read_only(a):
+    """A read-only copy of the oracle's array for one call (None stays None): the implementation's own,
+    and a write into it is NumPy's "read-only" error, reported as ``writes into its inputs``."""
+    if a is None:
+        return None
+    out = np.array(a, copy=True)
+    out.flags.writeable = False
+    return out
+
+
+def _expected_law(case, with_drafts, max_paths):
+    """The product of the rows' exact laws, each within ``max_paths`` (SpecrefError over it: ``over budget``)."""
+    B, K1, V = case.shape
+    laws = []
+    for b in range(B):
+        tuples = V ** int(case.k[b])
+        if tuples > max_paths:
+            raise SpecrefError(f"case {case.name!r}: row {b} has {tuples} draft tuples (V={V}, k={int(case.k[b])}), "
+                               f"over max_paths={max_paths}; shrink the case or raise max_paths")
+        laws.append(row_law(case, b, with_drafts=with_drafts) if case.grid is None
+                    else _grid_row_law(case, b, with_drafts, max_paths))
+    size = math.prod(len(rl) for rl in laws)
+    if size > max_paths:
+        raise SpecrefError(f"case {case.name!r}: the joint law of its {B} rows has {size} outcomes, over "
+                           f"max_paths={max_paths}; shrink the case or raise max_paths")
+    expected = {(): Fraction(1) if case.exact else 1.0}
+    for rl in laws:  # rows independent: the product of the rows' laws
+        expected = {key + (o,): w * v for key, w in expected.items() for o, v in rl.items()}
+    return expected
+
+
 def _exact_case(level, fn, case, settings):
+    """Every path of the case enumerated: each call gets read-only copies of the rows and the drafts,
+    and its output is parsed inside the guarded call against the oracle's own drafts."""
     B, K1, V = case.shape
     K, k = K1 - 1, case.k
     with_drafts = level == "batched"
+    expected = _expected_law(case, with_drafts, settings.max_paths)
+    p_in, q_in = _read_only(case.p_target), _read_only(case.q_draft)  # the same every call: read-only
 
     def program(rng):
         if with_drafts:
             x = _draft_input(_draw_drafts_exact(rng, case), k)
-            args = (case.p_target.copy(), None if case.q_draft is None else case.q_draft.copy(), x.copy(), rng)
+            args = (p_in, q_in, _read_only(x), rng)
         else:
             x = None
-            args = (case.p_target.copy(), case.q_draft.copy(), rng)
-        out = call(fn, args, {}, settings.time_limit)
-        tokens, n = parse_output(out, B, K, V, k, x)
+            args = (p_in, q_in, rng)
+        tokens, n = call(fn, args, {}, settings.time_limit, read_only=True,
+                         convert=lambda out: parse_output(out, B, K, V, k, x))
         rows = tuple(tuple(int(t) for t in tokens[b, :n[b]]) for b in range(B))
         if with_drafts:
             rows = tuple((tuple(int(t) for t in x[b, :k[b]]), rows[b]) for b in range(B))
         return rows
 
-    try:
-        got = law(program, grid=case.grid, max_paths=getattr(settings, "max_paths", 10**6))
-    except Misbehaved as m:
-        return CaseResult(case, m.status, detail=m.detail)
-    expected = {(): Fraction(1) if case.exact else 1.0}
-    for b in range(B):  # rows independent: the product of the rows' laws
-        rl = row_law(case, b, with_drafts=with_drafts) if case.grid is None else _grid_row_law(case, b, with_drafts)
-        expected = {key + (o,): w * v for key, w in expected.items() for o, v in rl.items()}
+    got = law(program, grid=case.grid, max_paths=settings.max_paths)
     return law_verdict(case, compare(got, expected), settings.tolerance, label="rows, got, expected", top=2)
 
 
-def _grid_row_law(case, b, with_drafts):
+def _grid_row_law(case, b, with_drafts, max_paths=10**6):
     """Row ``b``'s law when every coin lies on the grid ``k 2^-grid``: the reference enumerated.
 
     On the grid ``P(u < t)`` is ``t`` rounded up to the grid, so the closed form no longer holds
@@ -350,7 +537,7 @@ def _grid_row_law(case, b, with_drafts):
         out = tuple(int(t) for t in steps.tokens[0, :int(steps.n_emitted[0])])
         return tuple(int(t) for t in x[0, :int(k[0])]), out
 
-    return law(program, grid=case.grid)
+    return law(program, grid=case.grid, max_paths=max_paths)
 
 
 def _draft_input(x, k):
@@ -679,11 +866,15 @@ class _Runner:
 
     def call(self, gen, size, counts) -> float:
         """One call on ``size`` copies, drawn from ``gen`` (call seed, then drafts); adds to ``counts``.
-        Returns the seconds spent inside the implementation."""
+        Returns the seconds spent inside the implementation (its output's conversion included).
+
+        The call gets its own copies of the rows and drafts (NumPy: read-only, so a write is the
+        status ``writes into its inputs``; torch: a write shows in the tensors' version counters);
+        the oracle counts its own drafts, never what it handed over."""
         B, K, V, k = self.B, self.K, self.V, self.k
         rows = B * size
-        p_in = self.p_in if size == self.copies else self.p_in[:rows]
-        q_in = None if self.q_in is None else (self.q_in if size == self.copies else self.q_in[:rows])
+        p_in = _fresh(self.p_in if size == self.copies else self.p_in[:rows])
+        q_in = None if self.q_in is None else _fresh(self.q_in if size == self.copies else self.q_in[:rows])
         call_seed = int(gen.integers(2 ** 63))
         if self.level == "batched":
             x = np.full((rows, K), PLACEHOLDER, dtype=np.int64)  # [B size, K]
@@ -691,17 +882,45 @@ class _Runner:
             for b in range(B):
                 for i in range(int(k[b])):
                     x[b::B, i] = np.minimum(np.searchsorted(self.draft_cdf[b, i], u[:, b, i], side="right"), V - 1)
-            x_in = x if self.case.array == "numpy" else _as_array(x, "torch", np.int64, self.case.device)
+            x_in = _fresh(x) if self.case.array == "numpy" else _as_array(x, "torch", np.int64, self.case.device)
             args = (p_in, q_in, x_in, call_seed)
         else:
             x = None
             args = (p_in, q_in, call_seed)
+        handed = [a for a in args[:-1] if a is not None]
+        versions = [_version(a) for a in handed]
+
+        def convert(out):
+            _untouched(handed, versions)
+            return parse_output(out, rows, K, V, np.tile(k, size), x)
+
         t0 = time.perf_counter()
-        out = call(self.fn, args, {}, self.time_limit)
+        tokens, n = call(self.fn, args, {}, self.time_limit, convert=convert, read_only=True)
         spent = time.perf_counter() - t0
-        tokens, n = parse_output(out, rows, K, V, np.tile(k, size), x)
         _count(self.stats, counts, tokens, n, x, B)
         return spent
+
+
+def _fresh(a):
+    """One call's own copy of a handed-over array: NumPy read-only, torch a clone on its device."""
+    if isinstance(a, np.ndarray):
+        out = np.array(a, copy=True)
+        out.flags.writeable = False
+        return out
+    return a.clone()
+
+
+def _version(a):
+    """A torch tensor's version counter (bumped by every in-place write), None for NumPy arrays."""
+    return None if isinstance(a, np.ndarray) else a._version
+
+
+def _untouched(arrays, versions):
+    """``Misbehaved(WRITES)`` when the implementation wrote into a torch tensor it was handed."""
+    for a, v in zip(arrays, versions):
+        if v is not None and a._version != v:
+            raise Misbehaved(WRITES, "the implementation wrote into a tensor it was handed (its version counter "
+                                     "moved); inputs are the oracle's, copy them before writing")
 
 
 def _count_blocks(recipe, outcomes, seed, first, stop, n, budget=math.inf) -> Tally:
@@ -785,12 +1004,7 @@ def _count(stats, counts, tokens, n, x, B):
 def run_batched(level: Level, fn, cases, settings: Settings) -> Report:
     """Run a batched level on its cases (exact or statistical), through the one runner."""
 
-    def validate(case):
-        _validate_case(level.name, case)
-        if settings.mode == "exact" and not case.exact:
-            raise SpecrefError(f"case {case.name!r}: exact mode needs Fraction rows (object arrays)")
-
-    return run_cases(level, cases, settings, validate=validate,
+    return run_cases(level, cases, settings, validate=lambda case: _validate_case(level.name, case, settings), fn=fn,
                      exact=lambda case: partial(_exact_case, level.name, fn, case, settings),
                      statistical=lambda case, seed: partial(_statistical_case, level.name, fn, case, settings, seed))
 

@@ -20,11 +20,11 @@ from typing import Callable
 import numpy as np
 
 from specref.verification.laws.enumeration import compare, law
-from specref.verification.running.calling import run_case
+from specref.verification.running.calling import cuda_started, run_case
 from specref.verification.running.progress import progress_bar
 from specref.verification.running.report import DIFFERS, OK, CaseResult, Report, Settings, law_verdict
 from specref.verification.statistics.counts import compare_counts, detectable_tv, samples_needed
-from specref.verification.statistics.shards import tally
+from specref.verification.statistics.shards import tally, tally_blocks
 
 __all__ = ["run_cases", "isolated", "exact_verdict", "sampled_verdict", "samples_in_budget", "PILOT"]
 
@@ -33,14 +33,30 @@ MIN_BUDGET_SAMPLES = 2 * PILOT  # a budget too small for this still samples this
 MAX_BUDGET_SAMPLES = 2_000_000  # a budget never buys more than this per case (the batched level's cap too)
 
 
-def isolated(settings: Settings) -> bool:
-    """Whether a case runs in a forked worker.  A statistical check on an executor is the one
-    exception: its shards run in processes of the executor's own, which the fork cannot hold."""
-    return settings.isolate and not (settings.mode == "statistical" and settings.executor is not None)
+_UNKNOWN = object()  # run_cases was not told the implementation
+
+
+def isolated(settings: Settings, fn=_UNKNOWN) -> bool:
+    """Whether a case runs in a forked worker: ``settings.isolate`` when set; by default (None) in
+    statistical mode, when the runner knows the implementation ``fn`` and it does not declare
+    ``specref_isolate = False``, and this process has not started CUDA (a forked worker could not
+    use it).  A statistical check on an executor is the one exception: its shards run in processes
+    of the executor's own, which the fork cannot hold."""
+    if settings.mode == "statistical" and settings.executor is not None:
+        return False
+    if settings.isolate is not None:
+        return settings.isolate
+    if settings.mode != "statistical" or fn is _UNKNOWN or cuda_started():
+        return False
+    try:
+        declared = getattr(fn, "specref_isolate", True)
+    except Exception:  # noqa: BLE001 - a hostile __getattr__: isolate
+        declared = True
+    return declared is not False
 
 
 def run_cases(level, cases, settings: Settings, *, validate: Callable, exact: Callable, statistical: Callable,
-              recheck: Callable | None = None) -> Report:
+              recheck: Callable | None = None, fn=_UNKNOWN) -> Report:
     """Judge every case of ``level`` under ``settings``.
 
     ``validate(case)`` raises :class:`~specref.core.errors.SpecrefError` for a malformed case
@@ -48,15 +64,19 @@ def run_cases(level, cases, settings: Settings, *, validate: Callable, exact: Ca
     ``statistical(case, seed) -> body`` give the body, ``body() -> CaseResult``, that
     :func:`~specref.verification.running.calling.run_case` runs with every misbehaviour made a
     status; ``recheck(case, result) -> CaseResult`` may revise a verdict (the chain levels
-    confirm a difference against the reference).
+    confirm a difference against the reference).  ``fn``: the implementation, for the default
+    isolation (:func:`isolated`).  An isolated statistical case fills ``settings.shard_store``
+    in its worker; what it added comes back here.
     """
     for case in cases:
         validate(case)
     report = Report(level=level.name, mode=settings.mode)
+    isolate = isolated(settings, fn)
+    store = settings.shard_store if settings.mode == "statistical" else None
     for i, case in enumerate(cases):
         body = exact(case) if settings.mode == "exact" else statistical(case, settings.seed + i)
-        result = run_case(body, case, isolate=isolated(settings), time_limit=settings.time_limit,
-                          case_time_limit=settings.case_time_limit)
+        result = run_case(body, case, isolate=isolate, time_limit=settings.time_limit,
+                          case_time_limit=settings.case_time_limit, store=store)
         report.results.append(result if recheck is None else recheck(case, result))
     return report
 
@@ -93,20 +113,24 @@ def samples_in_budget(pilot: Callable[[int], None], settings: Settings, started:
     return int(min(most, max(MIN_BUDGET_SAMPLES, left / max(per_sample, 1e-9))))
 
 
-def sampled_verdict(case, recipe, expected, settings: Settings, seed: int) -> CaseResult:
+def sampled_verdict(case, recipe, expected, settings: Settings, seed: int, *,
+                    run_blocks: Callable = tally_blocks) -> CaseResult:
     """N samples of the program ``recipe()`` builds (where a shard runs), counted in seeded
     blocks (:mod:`specref.verification.statistics.shards`: the same counts on any executor),
-    then a pooled G-test against ``expected`` with one extra bin for outputs it never makes."""
+    then a pooled G-test against ``expected`` with one extra bin for outputs it never makes.
+    ``run_blocks`` counts one shard (:func:`~specref.verification.statistics.shards.tally`'s
+    argument): the chain levels pass their own, which calls an implementation in batches."""
     started = time.perf_counter()
     outcomes = sorted(expected)
     null = np.array([float(expected[o]) for o in outcomes] + [0.0])  # last bin: outputs the target never makes
     if settings.samples or settings.budget_s is None:
         n = settings.samples or samples_needed(settings.detect_tv, settings.alpha, 0.9, len(null), null=null)
     else:
-        n = samples_in_budget(lambda m: tally(recipe, outcomes, m, seed), settings, started, most=MAX_BUDGET_SAMPLES)
+        n = samples_in_budget(lambda m: tally(recipe, outcomes, m, seed, run_blocks=run_blocks), settings, started,
+                              most=MAX_BUDGET_SAMPLES)
     with progress_bar(n, f"{case.name}", enabled=settings.progress) as bar:
         t = tally(recipe, outcomes, n, seed, executor=settings.executor, shard_blocks=settings.shard_blocks,
-                  progress=bar, store=settings.shard_store)
+                  progress=bar, store=settings.shard_store, run_blocks=run_blocks)
     if t.misbehaved:
         _, status, detail = t.misbehaved
         return CaseResult(case, status, detail=detail)

@@ -15,9 +15,17 @@
 The completed block must have the target law of ``depth + 1`` tokens.  Exact mode
 enumerates every draft and every coin (the implementation's ``rng`` is the
 enumerator's); statistical mode samples N blocks and runs the pooled G-test of
-:mod:`specref.verification.statistics.counts`, handing the implementation a seeded
-``numpy.random.Generator`` (the one the drafts are drawn from; an implementation may
-ignore it and use its own randomness).
+:mod:`specref.verification.statistics.counts`, handing the implementation a
+``numpy.random.Generator`` of its own, seeded from the sample's seed (the oracle draws the
+drafts and completions from its own generator, which the implementation never sees; it may
+ignore its generator and use its own randomness).
+
+Every call gets its own copy of the drafted tree and read-only copies of the rows (a write is
+the status ``writes into its inputs``); its output is parsed inside the guarded call
+(:func:`parse_tree_output`, :func:`parse_tree_batch_output`) against the oracle's own tree, so
+an output whose iteration raises ``SystemExit`` or never ends is ``invalid output`` or a
+time-out.  The target law of a case, and of a dense batch (the product of ``batch`` laws), is
+built inside the case within ``max_paths``; over it the case is ``over budget`` at once.
 
 SGLang-style kernels take their coins as arguments: :func:`from_coins` wraps such a
 kernel into a ``tree_step_fn`` by passing it lazy uniforms, so it runs in exact mode.
@@ -30,20 +38,23 @@ the joint law of the B rows must be the product of the target laws.
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import partial
+from itertools import islice
 
 import numpy as np
 
-from specref.core.errors import SpecrefError, check_positive_int
+from specref.core.errors import SpecrefError, SpecrefTypeError, check_positive_int
 from specref.core.numbers import is_exact
 from specref.core.sampling import SamplingConfig
 from specref.core.step import draw
-from specref.core.tree import to_sglang
+from specref.core.tree import DraftTree, to_sglang
 from specref.decoding.chain import next_token_probs
 from specref.decoding.tree import SCHEMES, draft_tree, tree_rows
-from specref.verification.running.calling import Misbehaved, call
+from specref.verification.running.calling import Misbehaved, call, foreign
 from specref.verification.laws.enumeration import target_law
 from specref.verification.levels.runner import exact_verdict, run_cases, sampled_verdict
 from specref.verification.running.level import Level
@@ -51,7 +62,8 @@ from specref.verification.running.report import INVALID
 from specref.verification.cases.tables import ProbTable
 
 __all__ = ["TreeCase", "tree_cases", "from_coins", "sglang_style_kernel", "check_tree", "tree_program",
-           "batched_reference_kernel", "tree_batch_program", "run_tree_batch"]
+           "batched_reference_kernel", "tree_batch_program", "run_tree_batch", "parse_tree_output",
+           "parse_tree_batch_output", "MAX_TREE_NODES"]
 
 
 @dataclass(frozen=True)
@@ -67,8 +79,16 @@ class TreeCase:
     tables: str = "probs"  # the tables hold final distributions (no sampling rules are applied)
 
     def __post_init__(self):
-        if self.drafting not in SCHEMES:
+        if not isinstance(self.name, str):
+            raise SpecrefTypeError(f"TreeCase name must be a string, got {self.name!r:.80}")
+        if not isinstance(self.drafting, str) or self.drafting not in SCHEMES:
             raise SpecrefError(f"TreeCase {self.name!r}: drafting must be one of {SCHEMES}, got {self.drafting!r}")
+        object.__setattr__(self, "widths", _widths(self.name, self.widths))
+        object.__setattr__(self, "prompt", _prompt(self.name, self.prompt))
+        for field in ("target", "draft"):
+            if not hasattr(getattr(self, field), "shape"):
+                raise SpecrefTypeError(f"TreeCase {self.name!r}: {field} must be an array of next-token rows, "
+                                       f"got {type(getattr(self, field)).__name__}")
 
     @property
     def vocab_size(self) -> int:
@@ -88,6 +108,40 @@ class TreeCase:
     def __repr__(self):
         return (f"TreeCase({self.name!r}, V={self.vocab_size}, widths={self.widths}, drafting={self.drafting!r}, "
                 f"prompt={self.prompt})")
+
+
+MAX_TREE_NODES = 10**6  # nodes of one drafted tree (a TreeCase's widths) before it is refused
+
+
+def _widths(name, widths) -> tuple:
+    """``widths`` as a non-empty tuple of positive ints whose tree has at most ``MAX_TREE_NODES`` nodes."""
+    if isinstance(widths, (str, bytes)) or not hasattr(widths, "__iter__"):
+        raise SpecrefTypeError(f"TreeCase {name!r}: widths must be a tuple of positive ints, got {widths!r:.80}")
+    widths = tuple(widths)
+    if not widths:
+        raise SpecrefError(f"TreeCase {name!r}: widths must hold at least one level, got ()")
+    nodes, level = 1, 1
+    for i, w in enumerate(widths):
+        if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, np.integer)) or w < 1:
+            raise SpecrefError(f"TreeCase {name!r}: widths[{i}] must be a positive int, got {w!r:.80}")
+        level *= int(w)
+        nodes += level
+        if nodes > MAX_TREE_NODES:
+            raise SpecrefError(f"TreeCase {name!r}: widths {widths} make a tree of more than {MAX_TREE_NODES} nodes")
+    return tuple(int(w) for w in widths)
+
+
+def _prompt(name, prompt) -> tuple:
+    """``prompt`` as a non-empty tuple of non-negative ints (the vocabulary is checked with the tables)."""
+    if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__iter__"):
+        raise SpecrefTypeError(f"TreeCase {name!r}: prompt must be a tuple of token ids, got {prompt!r:.80}")
+    prompt = tuple(prompt)
+    for i, t in enumerate(prompt):
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)) or t < 0:
+            raise SpecrefError(f"TreeCase {name!r}: prompt[{i}] must be a token id (an int >= 0), got {t!r:.80}")
+    if not prompt:
+        raise SpecrefError(f"TreeCase {name!r}: prompt must hold at least one token, got ()")
+    return tuple(int(t) for t in prompt)
 
 
 def _frac(rows):
@@ -126,8 +180,87 @@ def memo_rows(prompt, config=SamplingConfig()):
     return row
 
 
-def tree_program(fn, case: TreeCase, time_limit):
-    """``(program(rng, impl_rng), expected law)`` for one case (the tree level's criterion)."""
+def _read_only(a):
+    """A read-only copy of the oracle's rows for one call (None stays None)."""
+    if a is None:
+        return None
+    out = np.array(a, copy=True)
+    out.flags.writeable = False
+    return out
+
+
+def _twin(tree):
+    """The implementation's own copy of a drafted tree: what it does to it never reaches the oracle's."""
+    return DraftTree(tree.parents, tree.tokens)
+
+
+def _index(v) -> int:
+    """An implementation's id as an int: ints, NumPy integers and 0-d integer arrays; not bools or floats."""
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{v!r} is a bool, not an id")
+    return operator.index(v)
+
+
+def _index_list(seq, limit: int) -> list:
+    """An implementation's sequence of ids, read to at most ``limit + 1`` items."""
+    if hasattr(seq, "tolist"):
+        seq = seq.tolist()
+    if isinstance(seq, (str, bytes, dict)) or seq is None:
+        raise TypeError(f"{type(seq).__name__} is not a sequence of ids")
+    items = list(islice(iter(seq), limit + 1))
+    if len(items) > limit:
+        raise ValueError(f"more than {limit} entries")
+    return [_index(v) for v in items]
+
+
+def _pair(out):
+    """An implementation's ``(a, b)``, read without trusting its iteration."""
+    if isinstance(out, (str, bytes, dict)) or out is None:
+        raise TypeError(f"{type(out).__name__} is not a pair")
+    items = list(islice(iter(out), 3))
+    if len(items) != 2:
+        raise ValueError(f"{len(items)} items or more, not 2")
+    return items
+
+
+def _short(value, limit: int = 200) -> str:
+    try:
+        text = repr(value)
+    except BaseException:  # noqa: BLE001 - a hostile __repr__
+        text = f"<a {type(value).__name__} whose repr() raised>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def parse_tree_output(out, tree, V, *, what="tree_step_fn"):
+    """``(path, token)`` of a tree implementation's output, checked against the oracle's own ``tree``;
+    ``Misbehaved(INVALID)`` for anything else (runs inside the guarded call)."""
+    with foreign(f"{what} returned {_short(out)}, not (a root-down path, a token)"):
+        path, token = _pair(out)
+        nodes = _index_list(path, tree.size)
+        token = _index(token)
+    try:
+        nodes = tree.check_path(nodes)
+    except SpecrefError as e:
+        raise Misbehaved(INVALID, f"{what} returned {_short(out)}, not (a root-down path, a token): {e}") from None
+    if not 0 <= token < V:
+        raise Misbehaved(INVALID, f"{what} returned next token {token!r} outside the vocabulary 0..{V - 1}")
+    return nodes, token
+
+
+def tree_program(fn, case: TreeCase, time_limit, *, max_paths: int | None = None):
+    """``(program(rng, impl_rng), expected law)`` for one case (the tree level's criterion).
+
+    Each call gets its own copy of the drafted tree and read-only copies of the rows; the output
+    is parsed inside the guarded call against the oracle's own tree.  ``max_paths``: the target
+    law's budget (its prefixes); over it, SpecrefError (an ``over budget`` status in a case).
+    """
+    program = _tree_program(fn, case, time_limit)
+    target, _ = case.models()
+    law_budget = {} if max_paths is None else {"max_paths": max_paths}
+    return program, target_law(target, list(case.prompt), SamplingConfig(), case.depth + 1, **law_budget)
+
+
+def _tree_program(fn, case: TreeCase, time_limit):
     target, draft = case.models()
     V, prompt, depth = case.vocab_size, list(case.prompt), case.depth
     config = SamplingConfig()
@@ -136,49 +269,81 @@ def tree_program(fn, case: TreeCase, time_limit):
     def program(rng, impl_rng):
         tree, q_draft, paths = draft_tree(case.widths, lambda path: row(draft, path), case.drafting, rng)
         p_target = tree_rows(lambda path: row(target, path), paths)
-        q_arg = None if case.drafting == "topk" else q_draft
-        out = call(fn, (tree, p_target.copy(), None if q_arg is None else q_arg.copy(), impl_rng), {}, time_limit)
-        try:
-            path, token = out
-            path = tree.check_path(path)
-        except (TypeError, ValueError) as e:
-            raise Misbehaved(INVALID, f"tree_step_fn returned {out!r}, not (a root-down path, a token): {e}") from None
-        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < V:
-            raise Misbehaved(INVALID, f"tree_step_fn returned next token {token!r} outside the vocabulary 0..{V - 1}")
+        q_arg = None if case.drafting == "topk" else _read_only(q_draft)
+        path, token = call(fn, (_twin(tree), _read_only(p_target), q_arg, impl_rng), {}, time_limit,
+                           convert=lambda out: parse_tree_output(out, tree, V), read_only=True)
         block = [tree.tokens[n] for n in path] + [int(token)]
         while len(block) < depth + 1:  # complete by target sampling
             block.append(draw(rng, row(target, tuple(block))))
         return tuple(block)
 
-    return program, target_law(target, prompt, config, depth + 1)
+    return program
 
 
 def _validate(case):
     if not isinstance(case, TreeCase):
-        raise SpecrefError(f"tree-level cases must be TreeCase objects, got {case!r}")
-    case.models()  # validates the tables
+        raise SpecrefError(f"tree-level cases must be TreeCase objects, got {case!r:.200}")
+    target, draft = case.models()  # validates the tables
+    V = case.vocab_size
+    if case.draft.shape != case.target.shape:
+        raise SpecrefError(f"case {case.name!r}: draft table shape {case.draft.shape} != target {case.target.shape}")
+    if len(case.prompt) < case.target.ndim - 1:
+        raise SpecrefError(f"case {case.name!r}: prompt {case.prompt} is shorter than the tables' context "
+                           f"({case.target.ndim - 1} tokens)")
+    if max(case.prompt) >= V:
+        raise SpecrefError(f"case {case.name!r}: prompt {case.prompt} holds a token outside the vocabulary 0..{V - 1}")
+    if case.drafting == "topk" and max(case.widths) > V:
+        raise SpecrefError(f"case {case.name!r}: topk drafting needs widths <= V = {V}, got {case.widths}")
+    if case.drafting == "without_replacement":
+        support = int((np.asarray(case.draft).reshape(-1, V) > 0).sum(axis=1).min())
+        if max(case.widths) > support:
+            raise SpecrefError(f"case {case.name!r}: drafting {max(case.widths)} children without replacement "
+                               f"needs that many tokens with q > 0 in every draft row; a row has {support}")
+
+
+def _budget(case, settings, batch: int = 1):
+    """The case's target law of ``depth + 1`` tokens, and of ``batch`` blocks (their product), within
+    ``settings.max_paths``: SpecrefError naming it (an ``over budget`` status) before any is built."""
+    V, depth = case.vocab_size, case.depth
+    prefixes = sum(V ** i for i in range(depth + 1)) if V > 1 else depth + 1
+    if prefixes > settings.max_paths:
+        raise SpecrefError(f"case {case.name!r}: its target law has up to {prefixes} prefixes (V={V}, "
+                           f"{depth + 1} tokens), over max_paths={settings.max_paths}; shrink the case or raise max_paths")
+    target, _ = case.models()
+    one = target_law(target, list(case.prompt), SamplingConfig(), depth + 1, max_paths=settings.max_paths)
+    if batch > 1 and len(one) > 1 and batch * math.log(len(one)) > math.log(settings.max_paths) + 1e-9:
+        raise SpecrefError(f"case {case.name!r}: the joint law of {batch} blocks has {len(one)}^{batch} "
+                           f"outcomes, over max_paths={settings.max_paths}; shrink the batch or the case, or "
+                           f"raise max_paths")
+    return one
 
 
 def _run(spec, fn, cases, settings):
-    """Each case enumerated (exact) or sampled and G-tested (statistical), through the one runner."""
+    """Each case enumerated (exact) or sampled and G-tested (statistical), through the one runner;
+    the target law is built inside the case, within its budget."""
+    return run_cases(spec, cases, settings, validate=_validate, fn=fn,
+                     exact=lambda case: partial(_tree_exact, fn, case, settings),
+                     statistical=lambda case, seed: partial(_tree_sampled, fn, case, settings, seed))
 
-    def exact(case):
-        program, expected = tree_program(fn, case, settings.time_limit)
-        return partial(exact_verdict, case, lambda rng: program(rng, rng), expected, settings)
 
-    def statistical(case, seed):
-        run_case = case.as_float()
-        _, expected = tree_program(fn, run_case, settings.time_limit)
-        recipe = partial(_statistical_program, fn, run_case, settings.time_limit)  # rebuilt where a shard runs
-        return partial(sampled_verdict, case, recipe, expected, settings, seed)
+def _tree_exact(fn, case, settings):
+    expected = _budget(case, settings)
+    program = _tree_program(fn, case, settings.time_limit)
+    return exact_verdict(case, lambda rng: program(rng, rng), expected, settings)
 
-    return run_cases(spec, cases, settings, validate=_validate, exact=exact, statistical=statistical)
+
+def _tree_sampled(fn, case, settings, seed):
+    run_case = case.as_float()
+    expected = _budget(run_case, settings)
+    recipe = partial(_statistical_program, fn, run_case, settings.time_limit)  # rebuilt where a shard runs
+    return sampled_verdict(case, recipe, expected, settings, seed)
 
 
 def _statistical_program(fn, case, time_limit):
-    """The case's program, built where a shard runs; the implementation gets the oracle's generator."""
-    program, _ = tree_program(fn, case, time_limit)
-    return lambda rng, impl_seed: program(rng, rng)
+    """The case's program, built where a shard runs.  The implementation gets a generator of its own,
+    seeded from the sample's seed: the oracle's generator (drafts, completions) stays the oracle's."""
+    program = _tree_program(fn, case, time_limit)
+    return lambda rng, impl_seed: program(rng, np.random.default_rng(impl_seed))
 
 
 # ---------------------------------------------------------------- coins as arguments
@@ -273,15 +438,71 @@ def batched_reference_kernel(candidates, retrive_next_token, retrive_next_siblin
     return [a + [-1] * (width - len(a)) for a, _ in rows], [t for _, t in rows]
 
 
-def tree_batch_program(kernel, case: TreeCase, batch: int, time_limit):
+def tree_batch_program(kernel, case: TreeCase, batch: int, time_limit, *, max_paths: int | None = None):
     """``(program(rng), expected law)``: ``batch`` independent trees of one case in one kernel call.
 
     ``kernel(candidates [B, N], retrive_next_token [B, N], retrive_next_sibling [B, N],
     uniform_samples [B, N], uniform_final [B], target_probs [B, N, V]) -> (accept_index [B, S], next_tokens [B])``.
     Each row's block is completed to ``depth + 1`` tokens; the joint law of the B blocks must be
     the product of the target laws (rows independent), so coupling across rows (a coin shared by
-    two rows, say) is a nonzero TV.
+    two rows, say) is a nonzero TV.  Each call gets fresh links and coins and read-only rows; its
+    output is parsed inside the guarded call against the oracle's own trees.  ``max_paths``: the
+    budget of the target law and of the joint law (SpecrefError over it).
     """
+    program = _tree_batch_program(kernel, case, batch, time_limit)
+    one = _budget(case, _Budget(max_paths), batch) if max_paths is not None else target_law(
+        case.models()[0], list(case.prompt), SamplingConfig(), case.depth + 1)
+    return program, _product(one, batch)
+
+
+class _Budget:  # the one field of Settings that _budget reads
+    def __init__(self, max_paths):
+        self.max_paths = max_paths
+
+
+def _product(one, batch):
+    """The law of ``batch`` independent blocks of law ``one``."""
+    expected = {(): Fraction(1)}
+    for _ in range(batch):
+        expected = {k + (o,): w * v for k, w in expected.items() for o, v in one.items()}
+    return expected
+
+
+def parse_tree_batch_output(out, trees, V, *, what="kernel"):
+    """Each row's ``(path, token)`` of a dense-batch kernel's ``(accept_index [B, S], next_tokens [B])``,
+    checked against the oracle's own trees; ``Misbehaved(INVALID)`` naming the row otherwise."""
+    batch = len(trees)
+    with foreign(f"{what} returned {_short(out)}, not (accept_index [B, S], next_tokens [B])"):
+        accept_index, tokens = _pair(out)
+        if hasattr(accept_index, "tolist"):
+            accept_index = accept_index.tolist()
+        rows = _index_rows(accept_index, batch, max(t.size for t in trees) + 1)
+        tokens = _index_list(tokens, batch)
+    if len(tokens) != batch:
+        raise Misbehaved(INVALID, f"{what} returned {len(tokens)} next tokens for a batch of {batch}: {_short(out)}")
+    parsed = []
+    for b, (accept, token) in enumerate(zip(rows, tokens)):
+        try:
+            path = trees[b].check_path([i for i in accept[1:] if i != -1])
+        except SpecrefError as e:
+            raise Misbehaved(INVALID, f"{what} returned row {b}: {e}: {_short(out)}") from None
+        if not 0 <= token < V:
+            raise Misbehaved(INVALID, f"{what} returned row {b}: next token {token} outside the vocabulary 0..{V - 1}")
+        parsed.append((path, token))
+    return parsed
+
+
+def _index_rows(rows, batch, limit):
+    """``batch`` rows of ids from an implementation's ``[B, S]`` (a list of lists, an array)."""
+    if isinstance(rows, (str, bytes, dict)) or rows is None:
+        raise TypeError(f"{type(rows).__name__} is not a [B, S] table of ids")
+    got = list(islice(iter(rows), batch + 1))
+    if len(got) != batch:
+        raise ValueError(f"{len(got)} rows{' or more' if len(got) > batch else ''} for a batch of {batch}")
+    return [_index_list(r, limit) for r in got]
+
+
+def _tree_batch_program(kernel, case: TreeCase, batch: int, time_limit):
     target, draft = case.models()
     prompt, V, depth = list(case.prompt), case.vocab_size, case.depth
     config = SamplingConfig()
@@ -296,52 +517,45 @@ def tree_batch_program(kernel, case: TreeCase, batch: int, time_limit):
         links = [to_sglang(t, root_token=0) for t in trees]
         coins = [[rng.random() for _ in range(trees[0].size)] for _ in range(batch)]
         finals = [rng.random() for _ in range(batch)]
-        out = call(kernel, ([c for c, _, _ in links], [f for _, f, _ in links], [s for _, _, s in links],
-                            coins, finals, np.stack(p_rows)), {}, time_limit)
+        parsed = call(kernel, ([c for c, _, _ in links], [f for _, f, _ in links], [s for _, _, s in links],
+                               coins, finals, _read_only(np.stack(p_rows))), {}, time_limit,
+                      convert=lambda out: parse_tree_batch_output(out, trees, V), read_only=True)
         blocks = []
-        try:
-            accept_index, tokens = out
-            for b in range(batch):
-                path = trees[b].check_path([int(i) for i in list(accept_index[b])[1:] if int(i) != -1])
-                token = int(tokens[b])
-                if not 0 <= token < V:
-                    raise SpecrefError(f"row {b}: next token {token} outside the vocabulary 0..{V - 1}")
-                block = [trees[b].tokens[n] for n in path] + [token]
-                while len(block) < depth + 1:
-                    block.append(draw(rng, row(target, tuple(block))))
-                blocks.append(tuple(block))
-        except (TypeError, ValueError, IndexError) as e:
-            raise Misbehaved(INVALID, f"kernel returned {out!r}: {e}") from None
+        for b, (path, token) in enumerate(parsed):
+            block = [trees[b].tokens[n] for n in path] + [token]
+            while len(block) < depth + 1:
+                block.append(draw(rng, row(target, tuple(block))))
+            blocks.append(tuple(block))
         return tuple(blocks)
 
-    one = target_law(target, prompt, config, depth + 1)
-    expected = {(): Fraction(1)}
-    for _ in range(batch):
-        expected = {k + (o,): w * v for k, w in expected.items() for o, v in one.items()}
-    return program, expected
+    return program
 
 
 def _batch_recipe(kernel, case, batch, time_limit):
     """The batch program, built where a shard runs: the kernel's coins are the shard's floats."""
-    program, _ = tree_batch_program(kernel, case, batch, time_limit)
+    program = _tree_batch_program(kernel, case, batch, time_limit)
     return lambda rng, impl_seed: program(rng)
 
 
 def run_tree_batch(spec, kernel, cases, settings, *, batch: int = 2):
-    """The ``tree_batch`` level: exact (coins as lazy uniforms) or statistical, through the one runner."""
+    """The ``tree_batch`` level: exact (coins as lazy uniforms) or statistical, through the one runner;
+    the joint law is built inside the case, within ``max_paths`` (else ``over budget``)."""
     check_positive_int("batch", batch)
+    return run_cases(spec, cases, settings, validate=_validate, fn=kernel,
+                     exact=lambda case: partial(_batch_exact, kernel, case, batch, settings),
+                     statistical=lambda case, seed: partial(_batch_sampled, kernel, case, batch, settings, seed))
 
-    def exact(case):
-        program, expected = tree_batch_program(kernel, case, batch, settings.time_limit)
-        return partial(exact_verdict, case, program, expected, settings)
 
-    def statistical(case, seed):
-        run_case = case.as_float()
-        _, expected = tree_batch_program(kernel, run_case, batch, settings.time_limit)
-        recipe = partial(_batch_recipe, kernel, run_case, batch, settings.time_limit)
-        return partial(sampled_verdict, case, recipe, expected, settings, seed)
+def _batch_exact(kernel, case, batch, settings):
+    expected = _product(_budget(case, settings, batch), batch)
+    return exact_verdict(case, _tree_batch_program(kernel, case, batch, settings.time_limit), expected, settings)
 
-    return run_cases(spec, cases, settings, validate=_validate, exact=exact, statistical=statistical)
+
+def _batch_sampled(kernel, case, batch, settings, seed):
+    run_case = case.as_float()
+    expected = _product(_budget(run_case, settings, batch), batch)
+    recipe = partial(_batch_recipe, kernel, run_case, batch, settings.time_limit)
+    return sampled_verdict(case, recipe, expected, settings, seed)
 
 
 LEVELS = (

@@ -19,31 +19,46 @@ Two ways to run a case (:func:`run_case`):
   stop or fool the oracle: the case gets the status ``timeout`` or ``crashed``.
   The worker sends back only the case's verdict.  Needs the ``fork`` start method
   (Linux, macOS); without it cases run in-process.
-- **in-process** (the API's default; fast, for the thousands of calls of exact
-  enumeration): the same conversions, with a SIGALRM time limit on the main
-  thread.  It cannot stop an implementation that blocks signals, catches the
-  time-out, or hangs in C code, and ``os._exit`` ends the whole process.
+- **in-process** (``Settings(isolate=False)``; the API's default in exact mode, where
+  enumeration makes thousands of calls): the same conversions, with a SIGALRM time
+  limit on the main thread.  It cannot stop an implementation that blocks signals,
+  catches the time-out, or hangs in C code, and ``os._exit``, a segfault or an abort
+  end the whole process.
 
-All conversion of a return value (``tolist()``, iteration, the checks of
-:func:`checked_tokens`) happens inside the time limit, through :func:`call`'s
-``convert``.
+Isolation costs one ``fork`` per case, not per call: about 4-10 ms for the fork and the
+pipe, and 5-20 ms per case in all (pages copied on write), against cases of 10 ms to
+minutes.  A case that writes into the oracle's tables in a worker changes nothing here.
+
+All conversion of a return value (``.cpu()``, ``__array__``, ``tolist()``, iteration, the
+checks of :func:`checked_tokens` and the levels' parsers) happens inside the time limit,
+through :func:`call`'s ``convert``, and a ``SystemExit`` (or any other exception) that the
+output's own methods raise there is ``invalid output`` (:func:`foreign`).  Inputs handed
+read-only (``call(read_only=True)``) turn NumPy's "read-only" error into the status
+``writes into its inputs``.
+
+:func:`load_implementation` imports ``module:function`` for the CLI and sweeps, first in a
+forked worker, so that a module that exits (``sys.exit``, ``os._exit``) or hangs at import
+is a usage error, not the end of the oracle.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import math
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from contextlib import contextmanager
+from functools import partial
 from itertools import islice
 
 import numpy as np
 
-from specref.core.errors import SpecrefError
+from specref.core.errors import SpecrefError, SpecrefTypeError
 from specref.verification.running.frames import innermost_frame
 from specref.verification.laws.enumeration import LazyUniformError
 from specref.verification.running.report import (
@@ -56,12 +71,16 @@ from specref.verification.running.report import (
     RAISED,
     RNG_MISUSE,
     TIMEOUT,
+    WRITES,
     CaseResult,
 )
 
-__all__ = ["Misbehaved", "call", "checked_tokens", "run_case", "can_isolate", "describe", "DETAIL_LIMIT"]
+__all__ = ["Misbehaved", "call", "checked_tokens", "foreign", "run_case", "guarded", "can_isolate", "cuda_started",
+           "describe",
+           "load_implementation", "DETAIL_LIMIT", "IMPORT_TIME_LIMIT"]
 
 DETAIL_LIMIT = 1_000_000  # characters kept of one misbehaviour's detail (a report's table shows less)
+IMPORT_TIME_LIMIT = 300.0  # seconds an implementation's module may take to import (load_implementation)
 
 
 class Misbehaved(Exception):
@@ -132,13 +151,19 @@ def implementation_seconds() -> float:
     return _spent[0]
 
 
-def call(fn, args, kwargs, time_limit, convert=None):
+def call(fn, args, kwargs, time_limit, convert=None, *, read_only: bool = False):
     """Run ``fn(*args, **kwargs)`` and then ``convert(result)``, both within ``time_limit`` s.
 
     Every exception the implementation raises, of any class, becomes
-    ``Misbehaved(RAISED)`` (``LazyUniformError``: ``ARITHMETIC``); a time-out or a case
-    over its time budget becomes ``Misbehaved(TIMEOUT)``.  ``convert`` is oracle code
-    (e.g. :func:`checked_tokens`): its own ``Misbehaved`` passes through.
+    ``Misbehaved(RAISED)`` (``LazyUniformError``: ``ARITHMETIC``; the enumerator's "not
+    replayable": ``RNG_MISUSE``; with ``read_only``, NumPy's error for a write into a
+    read-only input: ``WRITES``); a time-out or a case over its time budget becomes
+    ``Misbehaved(TIMEOUT)``.  ``convert`` is oracle code (e.g. :func:`checked_tokens`, a
+    level's parser): its own ``Misbehaved`` passes through; a ``BaseException`` that is not an
+    ``Exception`` (``SystemExit``, ``GeneratorExit``, ...) raised while it runs can only come
+    from the output's own methods and becomes ``Misbehaved(INVALID)``; an ``Exception`` is
+    the oracle's own bug and propagates (``internal error``).  The seconds of both count as
+    the implementation's (a GPU output's conversion waits for its kernels).
     """
     remaining = _case_end[0] - time.monotonic()
     if remaining <= 0:
@@ -148,14 +173,15 @@ def call(fn, args, kwargs, time_limit, convert=None):
     def body():
         started = time.perf_counter()
         try:
-            out = fn(*args, **kwargs)
-        except _TimedOut:
-            raise
-        except BaseException as e:  # noqa: BLE001 - the implementation's failure, whatever its class
-            return _Raised(e)
+            try:
+                out = fn(*args, **kwargs)
+            except _TimedOut:
+                raise
+            except BaseException as e:  # noqa: BLE001 - the implementation's failure, whatever its class
+                return _Raised(e)
+            return out if convert is None else _converted(convert, out)
         finally:
             _spent[0] += time.perf_counter() - started
-        return out if convert is None else convert(out)
 
     shared = _shared_deadline
     if shared is not None:  # an isolated worker: the parent enforces the deadline
@@ -169,11 +195,52 @@ def call(fn, args, kwargs, time_limit, convert=None):
                else "the case ran over its time budget (case_time_limit)")
         result = _guarded(lambda: _with_time_limit(body, seconds), why)
     if isinstance(result, _Raised):
-        e = result.error
-        if isinstance(e, LazyUniformError):
-            raise Misbehaved(ARITHMETIC, describe(e).partition(": ")[2])
-        raise Misbehaved(RAISED, describe(e))
+        raise _misbehaviour(result.error, read_only)
     return result
+
+
+def _misbehaviour(e: BaseException, read_only: bool) -> Misbehaved:
+    """The status of an exception the implementation raised (see :func:`call`)."""
+    if isinstance(e, LazyUniformError):
+        return Misbehaved(ARITHMETIC, describe(e).partition(": ")[2])
+    if read_only and _writes_read_only(e):
+        return Misbehaved(WRITES, f"the implementation wrote into an input it was handed read-only "
+                                  f"({describe(e)}); inputs are shared, copy them before writing")
+    if isinstance(e, SpecrefError) and _enumeration_status(e) == RNG_MISUSE:
+        return Misbehaved(RNG_MISUSE, describe(e).partition(": ")[2])
+    return Misbehaved(RAISED, describe(e))
+
+
+def _writes_read_only(e: BaseException) -> bool:
+    """NumPy's ValueError for a write into a read-only array ("assignment destination is read-only")."""
+    try:
+        return isinstance(e, ValueError) and "is read-only" in str(e)
+    except BaseException:  # noqa: BLE001 - a hostile __str__
+        return False
+
+
+@contextmanager
+def foreign(what: str):
+    """Oracle code that touches an implementation's output (``.cpu()``, ``__array__``, ``len``,
+    iteration): any exception it raises, ``SystemExit`` and ``KeyboardInterrupt`` included, is
+    ``Misbehaved(INVALID)`` naming ``what``; ``Misbehaved`` and the time-out pass through."""
+    try:
+        yield
+    except (Misbehaved, _TimedOut):
+        raise
+    except BaseException as e:  # noqa: BLE001 - the output's own methods failed
+        raise Misbehaved(INVALID, f"{what}: converting it raised {describe(e)}") from None
+
+
+def _converted(convert, out):
+    """``convert(out)``: its Misbehaved, the time-out and its Exceptions (the oracle's own bugs) pass
+    through; SystemExit & co. can only come from the output's own methods: ``invalid output``."""
+    try:
+        return convert(out)
+    except (Misbehaved, _TimedOut, Exception):
+        raise
+    except BaseException as e:  # noqa: BLE001 - SystemExit, GeneratorExit, KeyboardInterrupt of the output
+        raise Misbehaved(INVALID, f"converting the output raised {describe(e)}") from None
 
 
 class _Raised:
@@ -270,16 +337,38 @@ def can_isolate() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def run_case(body, case, *, isolate: bool, time_limit: float, case_time_limit: float) -> CaseResult:
+def cuda_started() -> bool:
+    """Whether this process has started CUDA through torch: a forked worker then cannot use the GPU
+    (CUDA does not survive ``fork``), so the default isolation runs such checks in-process.  Asking
+    does not start CUDA (``torch.cuda.is_initialized``), and torch is not imported for it."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch without cuda support, or a stub module
+        return False
+
+
+def guarded(body, *, isolate: bool, time_limit: float, case_time_limit: float, store=None) -> tuple:
+    """``("result", body())``, or ``(status, detail)`` of its misbehaviour: the core of :func:`run_case`
+    for any body (a plan's timed calls, an import).
+
+    ``isolate``: in a forked worker with a hard deadline (see the module docstring).  ``store``: a
+    mutable mapping the body fills (a statistical check's ``shard_store``); what an isolated body
+    added to it is copied back here when the worker ends with a result.
+    """
+    if isolate and can_isolate():
+        return _in_worker(body, time_limit, case_time_limit, store)
+    return _here(body, case_time_limit)
+
+
+def run_case(body, case, *, isolate: bool, time_limit: float, case_time_limit: float, store=None) -> CaseResult:
     """``body() -> CaseResult`` for ``case``, with its misbehaviour turned into a status.
 
     ``isolate``: in a forked worker with a hard deadline (see the module docstring).
-    A worker's verdict is re-attached to ``case`` (the parent's own copy).
+    A worker's verdict is re-attached to ``case`` (the parent's own copy); ``store``: see :func:`guarded`.
     """
-    if isolate and can_isolate():
-        status, value = _in_worker(body, time_limit, case_time_limit)
-    else:
-        status, value = _here(body, case_time_limit)
+    status, value = guarded(body, isolate=isolate, time_limit=time_limit, case_time_limit=case_time_limit,
+                            store=store)
     if status == "result":
         result = value
         if not isinstance(result, CaseResult):  # cannot happen with the oracle's bodies
@@ -302,6 +391,10 @@ def _here(body, case_time_limit):
         return _enumeration_status(e), describe(e).partition(": ")[2]
     except Exception as e:  # noqa: BLE001 - the oracle's own failure: reported, never raised
         return INTERNAL, f"internal error of the oracle: {describe(e)}"
+    except KeyboardInterrupt:  # outside a call: the person running the check pressed Ctrl-C
+        raise
+    except BaseException as e:  # noqa: BLE001 - SystemExit & co. got past the guards: the oracle's bug
+        return INTERNAL, f"internal error of the oracle: {describe(e)} escaped the guarded calls"
     finally:
         _case_end[0] = previous
 
@@ -317,16 +410,18 @@ def _enumeration_status(e: SpecrefError) -> str:
     return INTERNAL
 
 
-def _in_worker(body, time_limit, case_time_limit):
+def _in_worker(body, time_limit, case_time_limit, store=None):
     """``body()`` in a forked worker, watched from here: ``(status, value)`` as :func:`_here` gives.
 
     The worker is killed once a call runs past its deadline or the case past ``case_time_limit``;
-    a worker that ends without a message is ``crashed``.
+    a worker that ends without a message is ``crashed``.  Entries the body added to ``store``
+    come back with its message.
     """
     ctx = multiprocessing.get_context("fork")
     deadline = ctx.RawValue("d", 0.0)
     receive, send = ctx.Pipe(duplex=False)
-    worker = ctx.Process(target=_child, args=(body, deadline, receive, send), daemon=True, name="specref-case")
+    worker = ctx.Process(target=_child, args=(body, deadline, receive, send, store), daemon=True,
+                         name="specref-case")
     worker.start()
     send.close()
     try:
@@ -336,19 +431,43 @@ def _in_worker(body, time_limit, case_time_limit):
             worker.kill()
         worker.join()
         receive.close()
-    return _ended_without_message(worker.exitcode) if message is None else message
+    if message is None:
+        return _ended_without_message(worker.exitcode)
+    if len(message) == 3:  # (status, value, entries the body added to the store)
+        status, value, added = message
+        for key, entry in added.items():
+            store[key] = entry
+        return status, value
+    return message
 
 
-def _child(body, deadline, receive, send):
+def _one_thread_after_fork():
+    """torch on one intra-op thread in a forked worker: GNU OpenMP's thread pool is not
+    fork-safe, so a worker forked after the parent ran torch's pool would hang in its first
+    parallel region (until the time limit).  Rows under the oracle are small; one thread loses
+    nothing."""
+    torch = sys.modules.get("torch")
+    if torch is not None and callable(getattr(torch, "set_num_threads", None)):
+        try:
+            torch.set_num_threads(1)
+        except Exception:  # noqa: BLE001 - a stand-in module named torch: nothing to protect
+            pass
+
+
+def _child(body, deadline, receive, send, store=None):
     """The worker: the case with the call deadline shared with the parent (which enforces it and
     the case's), its message sent back, then ``os._exit`` whatever happened."""
     global _shared_deadline
     _shared_deadline = deadline
     faulthandler.disable()  # a crash of the implementation is reported by the parent, not dumped here
     receive.close()
+    _one_thread_after_fork()
     try:
         try:
+            before = None if store is None else set(store)
             message = _here(body, math.inf)
+            if store is not None:
+                message = message + ({k: v for k, v in store.items() if k not in before},)
         except BaseException as e:  # noqa: BLE001 - the oracle's own code failed in the worker
             message = (INTERNAL, f"internal error in the worker: {describe(e)}")
         try:
@@ -398,3 +517,45 @@ def _ended_without_message(code):
     else:
         detail = f"the implementation ended the worker process (exit code {code}) without a result"
     return (CRASHED, detail)
+
+
+# ---------------------------------------------------------------- loading an implementation
+
+
+def load_implementation(spec, *, probe: bool = True):
+    """The callable named ``"module:attribute"``; SpecrefError (a usage error) when it cannot be had.
+
+    ``probe``: the module is first imported in a forked worker (where fork exists), within
+    :data:`IMPORT_TIME_LIMIT` seconds, so that a module that calls ``sys.exit`` or ``os._exit``,
+    crashes or hangs at import is reported instead of ending (or stopping) this process; then it
+    is imported here, where any exception of its import, ``SystemExit`` included, is the error.
+    """
+    if not isinstance(spec, str):
+        raise SpecrefTypeError(f"an implementation is named 'module:function', got {spec!r:.80}")
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SpecrefError(f"an implementation is named 'module:function', got {spec!r}")
+    if probe and can_isolate():
+        status, value = _in_worker(partial(_probe_import, module_name, attr), math.inf, IMPORT_TIME_LIMIT)
+        if status != "result":
+            raise SpecrefError(f"cannot load {spec!r}: importing it in a worker process: {status}: {value}")
+        if value is not None:
+            raise SpecrefError(f"cannot load {spec!r}: {value}")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - a module may fail to import in any way, sys.exit included
+        raise SpecrefError(f"cannot load {spec!r}: {describe(e)}") from None
+    if not callable(fn):
+        raise SpecrefTypeError(f"cannot check {spec!r}: it is a {type(fn).__name__}, not a callable")
+    return fn
+
+
+def _probe_import(module_name, attr):
+    """In the probe worker: None when ``module:attr`` imports, else what went wrong."""
+    try:
+        getattr(importlib.import_module(module_name), attr)
+    except BaseException as e:  # noqa: BLE001 - reported by the parent as a usage error
+        return describe(e)
+    return None

@@ -12,7 +12,7 @@ from fractions import Fraction
 from specref.core.errors import SpecrefError, check_positive_int
 
 __all__ = ["Settings", "CaseResult", "Report", "law_verdict", "OK", "DIFFERS", "RAISED", "INVALID", "TIMEOUT", "ARITHMETIC",
-           "CRASHED", "BUDGET", "RNG_MISUSE", "INTERNAL", "MAX_TOLERANCE", "TABLE_DETAIL"]
+           "CRASHED", "BUDGET", "RNG_MISUSE", "WRITES", "INTERNAL", "MAX_TOLERANCE", "TABLE_DETAIL"]
 
 OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
     "ok", "differs", "raised", "invalid output", "timeout", "lazy-uniform arithmetic",
@@ -20,6 +20,7 @@ OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
 CRASHED = "crashed"  # an isolated worker died: os._exit, a segfault, a signal
 BUDGET = "over budget"  # exact mode: the enumeration ran over max_paths
 RNG_MISUSE = "bad rng use"  # exact mode: randomness not drawn from the rng handed over (not replayable)
+WRITES = "writes into its inputs"  # a write into a read-only input (the batched and tree levels hand read-only rows)
 INTERNAL = "internal error"  # the oracle's own failure (never the implementation's): the CLI exits 2
 MAX_TOLERANCE = 1e-3  # exact mode: a larger tolerance could let a wrong implementation pass
 TABLE_DETAIL = 300  # characters of a detail shown in a report's table (to_json keeps it whole)
@@ -30,7 +31,23 @@ TABLE_DETAIL = 300  # characters of a detail shown in a report's table (to_json 
 
 @dataclass(frozen=True)
 class Settings:
-    """How a check runs; every field is validated here, once."""
+    """How a check runs; every field is validated here, once.
+
+    ``isolate``: ``True`` runs each case in a forked worker that the oracle watches from outside
+    (a hard deadline, SIGKILL): an implementation that exits, crashes, ignores signals, swallows
+    the time-out or hangs in C code gets a status (``crashed``, ``timeout``) and the check goes
+    on.  ``False`` runs the case in this process -- faster (no fork: about 5 to 20 ms less per
+    case), and the implementation's own side effects (counters, records) stay visible -- but it
+    cannot survive ``os._exit``, a segfault or an abort (they end the whole process), and its
+    time limit is a SIGALRM on the main thread, which an implementation that blocks or resets
+    the signal, catches the time-out in a retry loop, or hangs inside C code, defeats.  ``None``
+    (the default): isolated in statistical mode (an implementation with its own randomness:
+    engines, other libraries), in-process in exact mode -- wherever the level hands its
+    implementation to the case runner (``run_cases(fn=...)``: the batched, draft-and-verify,
+    engine, tree and tree-batch levels); an implementation may declare
+    ``specref_isolate = False`` to run in-process under the default.  The CLI, sweeps and
+    :func:`~specref.verification.campaigns.planning.plan` isolate unless told otherwise.
+    """
 
     mode: str = "exact"  # "exact" (enumerate the rng) or "statistical" (rng is an int seed)
     samples: int | None = None  # statistical mode: N per case (None: planned for detect_tv)
@@ -39,7 +56,7 @@ class Settings:
     detect_tv: float = 0.01  # statistical mode: the TV that N is planned to detect with power 0.9
     tolerance: float = 1e-9  # exact mode: TV above this differs
     time_limit: float = 10.0  # seconds per call of the implementation
-    isolate: bool = False  # run each case in a forked worker with a hard deadline (the CLI's default)
+    isolate: bool | None = None  # each case in a forked worker with a hard deadline; None: isolated in statistical mode
     case_time_limit: float = 300.0  # seconds per case (every call and the enumeration or sampling)
     max_paths: int = 10**6  # exact mode: enumerated paths per case (the target law's prefixes too)
     executor: object = field(default=None, compare=False)  # statistical mode: a concurrent.futures.Executor for the shards
@@ -64,8 +81,8 @@ class Settings:
             t = getattr(self, name)
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
                 raise SpecrefError(f"{name} must be a positive finite number of seconds, got {t!r}")
-        if not isinstance(self.isolate, bool):
-            raise SpecrefError(f"isolate must be True or False, got {self.isolate!r}")
+        if self.isolate is not None and not isinstance(self.isolate, bool):
+            raise SpecrefError(f"isolate must be True, False or None (isolated in statistical mode), got {self.isolate!r}")
         check_positive_int("max_paths", self.max_paths)
         if self.executor is not None and not callable(getattr(self.executor, "submit", None)):
             raise SpecrefError(f"executor must be a concurrent.futures.Executor (with submit), got {self.executor!r}")

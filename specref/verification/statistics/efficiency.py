@@ -26,7 +26,7 @@ from specref.decoding.chain import speculative_decode, speculative_transition
 from specref.verification.laws.enumeration import law, law_iterated
 from specref.verification.cases.rules import ruled
 
-__all__ = ["reference_iterations", "Efficiency", "efficiency"]
+__all__ = ["reference_iterations", "Efficiency", "efficiency", "MEAN_TOL"]
 
 _MARK = -1  # ends each iteration's block in the memoised enumeration: never a token
 
@@ -68,6 +68,18 @@ def _mean(dist):
     return sum(Fraction(n) * w if isinstance(w, Fraction) else n * float(w) for n, w in dist.items())
 
 
+def _std(dist) -> float:
+    """The law's standard deviation (float): the spread of one decode's calls under the reference."""
+    mean = float(_mean(dist))
+    return math.sqrt(max(0.0, sum(float(w) * (n - mean) ** 2 for n, w in dist.items())))
+
+
+#: Relative slack when the reference's exact mean meets an interval's end: a float law's mean is a
+#: sum of products of float probabilities (``0.9999999999999999`` for exactly one call), and an
+#: interval of zero width (every decode the same count) must still hold the value it is.
+MEAN_TOL = 1e-9
+
+
 @dataclass(frozen=True)
 class Efficiency:
     """Measured mean target calls per decode against the reference's exact mean."""
@@ -81,9 +93,10 @@ class Efficiency:
     @property
     def verdict(self) -> str:
         low, high = self.interval
-        if self.reference < low:
+        slack = MEAN_TOL * max(1.0, abs(self.reference))  # rounding of a float law's mean, not a difference
+        if self.reference < low - slack:
             return "wasteful"  # more target calls than the reference needs
-        if self.reference > high:
+        if self.reference > high + slack:
             return "fewer calls than the reference"  # not lossless, or drafts differently
         return "as efficient as the reference"
 
@@ -94,12 +107,21 @@ class Efficiency:
 
 
 def efficiency(measured, case, *, rules=None, level: float = 0.99) -> Efficiency:
-    """Compare ``measured`` (target calls per decode, one int per decode) with the reference on ``case``."""
+    """Compare ``measured`` (target calls per decode, one int per decode) with the reference on ``case``.
+
+    The interval is ``mean +- z s / sqrt(n)`` with ``s = max(sample std, the reference's exact std)``:
+    when every decode makes the same number of calls the sample std is 0, and an interval of zero
+    width would call two decodes of 3 calls each "fewer calls" than a reference whose calls vary;
+    under the null (the implementation's calls have the reference's law) the spread of one decode
+    is the reference's own, which the law gives exactly.  The verdict meets the interval's ends
+    within :data:`MEAN_TOL` (relative).
+    """
     x = np.asarray(list(measured), dtype=np.float64)
     if x.size < 2:
         raise SpecrefError(f"measured must hold at least 2 decodes, got {x.size}")
     if not 0 < level < 1:
         raise SpecrefError(f"level must be in (0, 1), got {level!r}")
-    ref = float(_mean(reference_iterations(case, rules=rules)))
-    half = norm.ppf(0.5 + level / 2) * x.std(ddof=1) / math.sqrt(x.size)
+    law = reference_iterations(case, rules=rules)
+    ref = float(_mean(law))
+    half = norm.ppf(0.5 + level / 2) * max(float(x.std(ddof=1)), _std(law)) / math.sqrt(x.size)
     return Efficiency(int(x.size), float(x.mean()), (float(x.mean() - half), float(x.mean() + half)), ref, level)
