@@ -81,3 +81,16 @@ class ReversedExecutor(cf.Executor):
             return fn(*args, **kwargs)
 
         return self.pool.submit(late)
+
+
+def engines_missing():
+    """Why the engines' own code cannot run here (None when it can): no torch, or wheels not cached."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    from specref.adapters import real_engines
+
+    gone = real_engines.missing()
+    return (f"engine wheels not in the cache ({', '.join(gone)}): run `python scripts/fetch_engines.py`"
+            if gone else None)

@@ -8,7 +8,6 @@ interpreter) passes.  The real-kernel tests need the pinned wheels (``python
 scripts/fetch_engines.py``) and torch, and are skipped without.
 """
 
-import importlib.util
 import inspect
 from fractions import Fraction
 from functools import partial
@@ -23,8 +22,8 @@ from specref.verification.levels.greedy import (PARAMETERS, SOURCE, GreedyTreeCa
                                                 default_greedy_cases, greedy_reference, greedy_step_reference,
                                                 sglang_inputs, sglang_step)
 from specref.verification.oracle import check
+from tests.implementations import engines_missing
 
-FETCH = "python scripts/fetch_engines.py"
 
 
 def cases(*names):
@@ -32,16 +31,7 @@ def cases(*names):
     return [by_name[n] for n in names] if names else list(by_name.values())
 
 
-def _engines_missing():
-    if importlib.util.find_spec("torch") is None:
-        return "torch is not installed"
-    from specref.adapters import real_engines
-
-    gone = real_engines.missing()
-    return f"engine wheels not in the cache ({', '.join(gone)}): run `{FETCH}`" if gone else None
-
-
-MISSING = _engines_missing()
+MISSING = engines_missing()
 needs_engines = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 
 

@@ -6,7 +6,6 @@ statistical mode at a small N and its signature is the documented call.  The rea
 need the pinned wheels (``python scripts/fetch_engines.py``) and torch, and are skipped without.
 """
 
-import importlib.util
 import inspect
 import time
 from dataclasses import replace
@@ -21,8 +20,8 @@ from specref.verification.levels.batched import default_batched_cases
 from specref.verification.levels.mrv2 import (PARAMETERS, REQUIRED, SOURCE, ExactLog, MRV2Case, default_mrv2_cases,
                                               mrv2_call, mrv2_reference, softmax)
 from specref.verification.oracle import check
+from tests.implementations import engines_missing
 
-FETCH = "python scripts/fetch_engines.py"
 
 
 def cases(*names):
@@ -30,16 +29,7 @@ def cases(*names):
     return [by_name[n] for n in names]
 
 
-def _engines_missing():
-    if importlib.util.find_spec("torch") is None:
-        return "torch is not installed"
-    from specref.adapters import real_engines
-
-    gone = real_engines.missing()
-    return f"engine wheels not in the cache ({', '.join(gone)}): run `{FETCH}`" if gone else None
-
-
-MISSING = _engines_missing()
+MISSING = engines_missing()
 needs_engines = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 
 
