@@ -20,7 +20,13 @@ Exit status 0 only when every correct scenario has TV <= 1e-12 (exactly 0 in
 rational mode) and every negative control is detected.
 
 ``--impl module:function --level step|logits|decoder`` checks an outside
-implementation with the oracle instead, and exits non-zero when it fails.
+implementation with the oracle instead, and exits non-zero when it fails.  With it,
+``--batch N`` says the implementation takes N samples per call (step, logits and decoder
+levels: ``check(..., batch=N)``), and ``--rules ITEM ...`` declares its sampler, read by
+:func:`specref.verification.cases.rules.parse_rules` into a
+:class:`~specref.verification.cases.rules.Rules`: ``name=value`` items, e.g.
+``--rules order=top_k,top_p,min_p,temperature top_p_ties=lowest_id``.  A bad value of
+either is a usage error (exit status 2, the message naming it).
 """
 
 from __future__ import annotations
@@ -493,7 +499,7 @@ EXIT_PRESERVES, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2  # --impl: preserves; differs
 
 
 def check_outside(spec: str, level: str, mode: str, samples: int | None, *, isolate: bool = True,
-                  json_path: str | None = None, **settings) -> int:
+                  json_path: str | None = None, rules=None, batch: int | None = None, **settings) -> int:
     """--impl module:function: the oracle's verdict on an outside implementation.
 
     Exit status: 0 the implementation preserves the target distribution; 1 it differs
@@ -503,14 +509,23 @@ def check_outside(spec: str, level: str, mode: str, samples: int | None, *, isol
     callable, or an internal error of the oracle.  Each case runs in a forked worker
     with a hard deadline unless ``isolate`` is False.  The printed table cuts details at
     ``specref.verification.running.report.TABLE_DETAIL`` characters; ``json_path`` gets the
-    whole record.
+    whole record.  ``rules`` (a :class:`~specref.verification.cases.rules.Rules`, or its
+    ``--rules`` text) and ``batch`` are :func:`~specref.verification.oracle.check`'s.
     """
     from specref.verification import oracle
     from specref.verification.running.calling import describe, load_implementation
     from specref.verification.running.report import INTERNAL
 
+    from specref.verification.cases.rules import parse_rules
+
     if ":" not in spec or not all(spec.partition(":")[::2]):
         print(f"--impl must look like module:function, got {spec!r}", file=sys.stderr)
+        return EXIT_ERROR
+    try:  # the declarations are the user's: checked before the implementation is imported
+        rules = parse_rules(rules) if isinstance(rules, (str, list, tuple)) else rules
+        oracle.declared(level, _not_yet_imported, rules=rules, batch=batch)
+    except SpecrefError as e:
+        print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
     try:
         fn = load_implementation(spec, probe=isolate)
@@ -518,7 +533,8 @@ def check_outside(spec: str, level: str, mode: str, samples: int | None, *, isol
         print(str(e), file=sys.stderr)
         return EXIT_ERROR
     try:
-        report = oracle.check(level, fn, mode=mode, samples=samples, isolate=isolate, **settings)
+        report = oracle.check(level, fn, mode=mode, samples=samples, isolate=isolate, rules=rules, batch=batch,
+                              **settings)
     except SpecrefError as e:
         print(f"cannot check {spec!r}: {e}", file=sys.stderr)
         return EXIT_ERROR
@@ -537,6 +553,11 @@ def check_outside(spec: str, level: str, mode: str, samples: int | None, *, isol
     return EXIT_PRESERVES if report.ok else EXIT_DIFFERS
 
 
+def _not_yet_imported(*args, **kwargs):
+    """Stands for an implementation while its declared batch and rules are checked, before it is imported."""
+    raise AssertionError("never called")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specref.verify", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a subset of the matrix (under 30 s)")
@@ -552,6 +573,13 @@ def main(argv=None) -> int:
                     help="--impl, --sweep: run the implementation in this process (faster; no hard deadline, and "
                          "an implementation that exits or crashes ends the run)")
     ap.add_argument("--time-limit", type=float, default=10.0, help="--impl: seconds per call (default 10)")
+    ap.add_argument("--batch", type=int, metavar="N",
+                    help="--impl at the step, logits and decoder levels: the implementation takes N samples per "
+                         "call, rows stacked (SPEC 13.1)")
+    ap.add_argument("--rules", nargs="+", metavar="NAME=VALUE",
+                    help="--impl at the logits and decoder levels: the implementation's declared sampler, e.g. "
+                         "order=top_k,top_p,min_p,temperature top_p_ties=lowest_id (fields: order, "
+                         "top_p_ties, top_k_ties, greedy_ties; SPEC 2.1)")
     ap.add_argument("--workers", type=int, default=1,
                     help="worker processes for the matrix, statistical --impl checks and sweeps (default 1)")
     ap.add_argument("--scheduler", metavar="ADDRESS", help="run on an existing Dask cluster, e.g. tcp://host:8786")
@@ -562,6 +590,8 @@ def main(argv=None) -> int:
         ap.error(f"--workers must be a positive integer, got {args.workers}")  # exits 2
     if args.samples is not None and args.samples < 1:
         ap.error(f"--samples must be a positive integer, got {args.samples}")  # exits 2
+    if (args.batch is not None or args.rules) and not args.impl:
+        ap.error("--batch and --rules declare an implementation: they go with --impl")  # exits 2
     try:
         with _executor(args) as executor:
             return _main(args, argv, executor)
@@ -600,7 +630,8 @@ def _main(args, argv, executor) -> int:
     if args.impl:
         extra = {"executor": executor} if executor is not None and args.mode == "statistical" else {}
         return check_outside(args.impl, args.level, args.mode, args.samples, isolate=not args.no_isolate,
-                             json_path=args.json, time_limit=args.time_limit, **extra)
+                             json_path=args.json, time_limit=args.time_limit, rules=args.rules, batch=args.batch,
+                             **extra)
 
     t0 = time.perf_counter()
     print("1. SPEC §3 worked example, exact rationals")

@@ -107,7 +107,8 @@ def test_one_call_per_batch():
         calls.append(len(seeds))
         return step_many(P, Q, X, seeds)
 
-    check_step(declare_batch(counted, 256), mode="statistical", cases=cases("step")[:1], samples=N, progress=False)
+    check_step(declare_batch(counted, 256), mode="statistical", cases=cases("step")[:1], samples=N, progress=False,
+               isolate=False)  # in this process: the calls are recorded here
     # 3,000 samples: blocks of 1024, 1024 and 952, each cut into calls of 256
     assert calls == [256] * 4 + [256] * 4 + [256] * 3 + [952 - 3 * 256]
 
@@ -224,7 +225,8 @@ def test_torch_tensors_on_request():
         return logits_many(T.double().numpy(), D.double().numpy(), X.numpy(), config, seeds)
 
     report = check_logits_step(declare_batch(on_torch, 128, array="torch", dtype="float32"), mode="statistical",
-                               cases=cases("logits")[:1], samples=2000, progress=False)
+                               cases=cases("logits")[:1], samples=2000, progress=False,
+                               isolate=False)  # in this process: what the calls get is recorded here
     assert report.ok, report
     assert set(seen) == {(torch.Tensor, torch.float32, torch.int64)}
 
@@ -255,3 +257,38 @@ def test_the_benchmarks_torch_decoder_passes_in_batches():
     report = check_decoder(declare_batch(bench.torch_decode, 256), mode="statistical", cases=chosen, samples=N,
                            progress=False)
     assert report.ok, report
+
+
+# ---------------------------------------------------------------- check(..., batch=n)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_batch_argument_is_declare_batch(level):
+    """``check(level, fn, batch=n)`` and each shorthand: the counts of ``declare_batch(fn, n)``, one call per n."""
+    from specref.verification.oracle import check
+
+    shorthand, _, many = LEVELS[level]
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(len(kwargs["rng"]) if level == "decoder" else len(args[-1]))
+        return many(*args, **kwargs)
+
+    kw = dict(mode="statistical", cases=cases(level), samples=N, seed=4, progress=False, isolate=False)
+    declared = numbers(shorthand(declare_batch(many, 100), **kw))
+    assert numbers(check(level, counted, batch=100, **kw)) == declared
+    # 3,000 samples: blocks of 1024, 1024 and 952, cut into calls of 100 (and 24, 24, 52)
+    assert calls == ([100] * 10 + [24] + [100] * 10 + [24] + [100] * 9 + [52]) * len(cases(level))
+    assert numbers(shorthand(many, batch=100, **kw)) == declared
+
+
+def test_the_batch_argument_is_validated_and_keeps_a_declared_form():
+    from specref.verification.oracle import check, declared
+
+    for bad in (0, -3, True, 2.0, "8", None.__class__):
+        with pytest.raises(SpecrefError, match=r"batch \(samples per call\) must be a positive integer, got"):
+            check_step(step_many, batch=bad, cases=cases("step"))
+    with pytest.raises(SpecrefError, match="batch .* applies at the step, logits, decoder levels, not 'batched'"):
+        check("batched", step_many, batch=8)
+    fn = declared("logits", declare_batch(logits_many, 8, dtype="float32"), batch=np.int64(16))
+    assert batch_of(fn) == BatchForm(16, dtype="float32")

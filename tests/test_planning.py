@@ -1,6 +1,15 @@
 """plan: N per case and an ETA before a statistical run; run_each: verdicts kept case by case."""
 
 import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from specref.core.errors import SpecrefError
+from specref.verification.campaigns.planning import CASE_TIME_CAP, PlanRow
 
 from specref.verification.oracle import check_step, default_cases
 from specref.verification.campaigns.planning import plan, run_each
@@ -14,7 +23,8 @@ def test_plan_gives_the_planned_n_and_an_eta_per_case(capsys):
     assert "total ETA" in out and cases[0].name in out
     assert [r.case for r in rows] == [c.name for c in cases]
     assert rows[0].outcomes == 27 and rows[0].n == 181_452  # the planned N of the README's HF table
-    assert all(r.seconds_per_call > 0 and r.eta_s == r.n * r.seconds_per_call for r in rows)
+    assert all(r.seconds_per_call > 0 and r.batch == 1 and r.calls == r.n for r in rows)
+    assert all(r.eta_s == r.first_call_s + (r.n - 1) * r.seconds_per_call for r in rows)
     assert plan("step", reference_with_seed, cases, samples=500, quiet=True)[0].n == 500
 
 
@@ -34,3 +44,168 @@ def test_run_each_matches_one_check_and_keeps_every_verdict(tmp_path):
     assert seen == [(i, r.status) for i, r in enumerate(whole.results)]
     lines = [json.loads(s) for s in path.read_text().splitlines()]
     assert [d["index"] for d in lines] == [0, 1, 2] and lines[0]["case"]["name"] == cases[0].name
+
+
+# ---------------------------------------------------------------- batched implementations
+
+
+def slow_batched(P, Q, X, seeds):  # 0.02 s per call whatever its size; a valid (wrong) block: x_1
+    time.sleep(0.02)
+    return X[:, :1]
+
+
+def worked_example():
+    return [c for c in default_cases("step", drawn=0) if c.name == "worked-example-rows"]
+
+
+def test_a_batched_implementation_is_planned_per_call_of_its_batch():
+    """N = 16,384 samples in calls of B = 256: 64 calls of 0.02 s each, about 1.3 s, not N x 0.02 s = 328 s.
+    The ETA is checked against the actual check's time (isolate=False both times: no fork in either)
+    within the factor 1.5 promised; the sleep is 0.02 s so that it, not the 2-core machine's load,
+    dominates both times."""
+    N, B = 16_384, 256
+    row = plan("step", slow_batched, worked_example(), batch=B, samples=N, isolate=False, quiet=True)[0]
+    assert (row.n, row.batch, row.calls) == (N, B, N // B)
+    assert 0.02 <= row.seconds_per_call < 0.2 and row.first_call_s >= 0.02
+    t0 = time.perf_counter()
+    check_step(slow_batched, batch=B, cases=worked_example(), mode="statistical", samples=N, isolate=False,
+               progress=False)
+    actual = time.perf_counter() - t0
+    assert actual / 1.5 <= row.eta_s <= 1.5 * actual, (row, actual)
+    assert row.eta_s < N * 0.02 / 20
+
+
+def test_calls_never_span_two_blocks_and_a_batch_is_cut_to_n():
+    rows = plan("step", slow_batched, worked_example(), batch=300, samples=3000, isolate=False, quiet=True, calls=1)
+    assert (rows[0].batch, rows[0].calls) == (300, 4 + 4 + 4)  # blocks of 1024, 1024, 952: 4 calls each
+    rows = plan("step", slow_batched, worked_example(), batch=5000, samples=700, isolate=False, quiet=True, calls=1)
+    assert (rows[0].batch, rows[0].calls) == (700, 1)
+
+
+def test_the_first_call_is_timed_apart():
+    seen = []
+
+    def warms_up(P, Q, X, seeds):  # a first call that compiles: 0.3 s, then 0.01 s
+        time.sleep(0.3 if not seen else 0.01)
+        seen.append(len(seeds))
+        return X[:, :1]
+
+    row = plan("step", warms_up, worked_example(), batch=64, samples=6400, isolate=False, quiet=True)[0]
+    assert seen == [64] * 6  # the first call and 5 warm ones, each of the declared batch
+    assert row.first_call_s >= 0.3 and row.seconds_per_call < 0.1
+    assert row.eta_s == row.first_call_s + (row.calls - 1) * row.seconds_per_call
+
+
+PLAN_FRESH = textwrap.dedent("""
+    from specref.verification.campaigns.planning import plan
+    from specref.core.draws import coerce_rng
+    from specref.core.sampling import process
+    from specref.core.step import speculative_step
+    from specref.decoding.chain import speculative_decode
+
+    def step(p, q, x, rng):
+        return speculative_step(p, q, x, coerce_rng(rng))
+
+    def logits(t, d, x, config, rng):
+        return speculative_step(process(t, config), process(d, config), x, coerce_rng(rng))
+
+    def decoder(target, draft, prompt, *, rng, **kw):
+        return speculative_decode(target, draft, list(prompt), rng=coerce_rng(rng), **kw).tokens
+
+    for level, fn in [("step", step), ("logits", logits), ("decoder", decoder)]:
+        for mode in ("statistical", "exact"):
+            rows = plan(level, fn, mode=mode, calls=1, quiet=True, samples=100 if mode == "statistical" else None)
+            assert rows and all(r.eta_s is not None and r.note == "" for r in rows), (level, mode, rows)
+            print(level, mode, len(rows), sum(r.n for r in rows))
+""")
+
+
+def test_plan_works_at_every_level_and_mode_in_a_fresh_process():
+    """The default cases of each chain level, statistical and exact mode, with nothing imported before
+    the planning module (``plan(..., mode="statistical")`` once raised a raw TypeError)."""
+    out = subprocess.run([sys.executable, "-c", PLAN_FRESH], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.split() for line in out.stdout.splitlines()]
+    assert [line[:2] for line in lines] == [[lv, m] for lv in ("step", "logits", "decoder")
+                                            for m in ("statistical", "exact")]
+    for level, mode, n_cases, n in lines:
+        assert int(n) == (100 * int(n_cases) if mode == "statistical" else int(n)) and int(n) >= int(n_cases)
+
+
+def test_exact_mode_plans_the_reference_paths():
+    """Exact mode: N is the number of paths of the reference's enumeration -- on the worked example
+    (K = 2, V = 3) every draft pair and coin outcome, counted by the enumerator itself."""
+    from specref.core.step import speculative_step
+    from specref.verification.laws.enumeration import law
+    from specref.verification.levels import LEVELS
+
+    case = worked_example()[0]
+    program, _ = LEVELS["step"].program(speculative_step, case, 10.0)
+    paths = law(lambda rng: program(rng, rng)).paths
+    row = plan("step", speculative_step, [case], mode="exact", isolate=False, quiet=True)[0]
+    assert row.n == row.calls == paths and row.batch == 1 and row.eta_s > 0
+
+
+def test_plan_refuses_other_levels_and_bad_batches_by_name():
+    with pytest.raises(SpecrefError, match="plan needs a level run by programs"):
+        plan("batched", slow_batched)
+    for bad in (0, True, 2.5):
+        with pytest.raises(SpecrefError, match=f"batch .* must be a positive integer, got {bad!r}"):
+            plan("step", slow_batched, worked_example(), batch=bad, quiet=True)
+
+
+# ---------------------------------------------------------------- case time limits and resuming
+
+
+def test_the_default_case_time_limit_follows_the_plan():
+    short = PlanRow("a", 3, 100, 0.001, 0.1)
+    assert short.case_time_limit == 300.0  # the Settings default is the floor
+    assert PlanRow("a", 3, 10**6, 0.01, 1000.0).case_time_limit == 3000.0  # three ETAs
+    assert PlanRow("a", 3, 10**9, 1.0, 1e9).case_time_limit == CASE_TIME_CAP == 24 * 3600.0
+    assert PlanRow("a", 3, 100, None, None, note="raised").case_time_limit == 300.0
+
+
+def sleepy(p, q, x, seed):  # 0.01 s per call; a valid block (x_1)
+    time.sleep(0.01)
+    return [int(x[0])]
+
+
+def test_run_each_gives_each_case_its_planned_time_limit(monkeypatch):
+    """100,000 samples of calls of >= 0.01 s: an ETA of >= 1,000 s, so the case's limit is 3 ETAs
+    (3,000 s and a little more for the time around the sleep; under 1.5 x that), not 300 s.  The
+    check itself is replaced by a recorder: the run would take 17 minutes."""
+    from specref.verification import oracle
+
+    used = []
+
+    def recorder(level, fn, *, cases, settings, **kw):
+        used.append(settings.case_time_limit)
+        return oracle.Report(level=level, mode=settings.mode, results=[oracle.CaseResult(cases[0], "ok")])
+
+    monkeypatch.setattr(oracle, "check", recorder)
+    case = default_cases("step")[:1]
+    run_each("step", sleepy, case, mode="statistical", samples=100_000)
+    run_each("step", sleepy, case, mode="statistical", samples=100_000, case_time_limit=42.0)
+    assert 3000.0 <= used[0] <= 4500.0 and used[1] == 42.0, used
+
+
+def test_run_each_resumes_from_its_json_lines_without_duplicates(tmp_path):
+    cases = default_cases("step")[:3]
+    path = tmp_path / "campaign.jsonl"
+    first = run_each("step", reference_with_seed, cases[:2], mode="statistical", samples=300, json_lines=path)
+    path.write_text(path.read_text() + '{"index": 2, "case": {"na')  # a line cut short by an interrupt
+    seen = []
+    again = run_each("step", reference_with_seed, cases, mode="statistical", samples=300, json_lines=path,
+                     on_case=lambda i, r: seen.append(i))
+    assert seen == [2]  # cases 0 and 1 were in the file
+    lines = [json.loads(s) for s in path.read_text().splitlines()]
+    assert [d["index"] for d in lines] == [0, 1, 2]
+    whole = check_step(reference_with_seed, cases=cases, mode="statistical", samples=300)
+    assert [(r.status, r.p_value, r.n_samples) for r in again.results] == [
+        (r.status, r.p_value, r.n_samples) for r in whole.results]
+    assert [r.case.name for r in again.results] == [c.name for c in cases]
+    assert [r.p_value for r in first.results] == [r.p_value for r in again.results[:2]]
+    third = run_each("step", reference_with_seed, cases, mode="statistical", samples=300, json_lines=path)
+    assert len(path.read_text().splitlines()) == 3 and third.ok == whole.ok
+    with pytest.raises(SpecrefError, match="another run"):
+        run_each("step", reference_with_seed, cases, mode="statistical", samples=300, json_lines=path, seed=7)

@@ -169,3 +169,23 @@ def test_unknown_conventions_list_the_known_ones():
         Rules(top_p_ties="keep_one")
     with pytest.raises(SpecrefError, match="unknown rules field"):
         check_logits_step(logits_reference, rules={"top_p_tie": "lowest_id"})
+
+
+def test_the_command_line_form_of_rules():
+    from specref.verification.cases.rules import Rules, parse_rules
+
+    assert parse_rules("order=top_k,top_p,min_p,temperature top_p_ties=lowest_id greedy_ties=split") == Rules(
+        order=TRUNCATE_FIRST, top_p_ties="lowest_id", greedy_ties="split")
+    assert parse_rules(["top_k_ties=highest_id", "order=temperature,top_k,top_p,min_p"]) == Rules(
+        top_k_ties="highest_id")
+    for text, message in [
+        ("top_p_ties=keep_one", "unknown top_p_ties convention 'keep_one'; known: keep_all, lowest_id, highest_id"),
+        ("top_p_tie=lowest_id", "unknown rules field 'top_p_tie' .* known: order, top_p_ties, top_k_ties, greedy_ties"),
+        ("order=top_k,top_p", "permutation of"),
+        ("lowest_id", "'lowest_id' is not name=value"),
+        ("greedy_ties=split greedy_ties=lowest_id", "given twice"),
+        ("", "empty"),
+        (3, "must be a string"),
+    ]:
+        with pytest.raises(SpecrefError, match=message):
+            parse_rules(text)

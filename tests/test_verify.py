@@ -75,3 +75,35 @@ def test_impl_entry_point_exit_status(tmp_path):
 @pytest.mark.parametrize("scenario", ["no such scenario"])
 def test_unknown_scenario_is_an_error(scenario):
     assert verify.main(["--scenario", scenario]) == 2
+
+
+def test_impl_takes_a_batch_and_declared_rules():
+    batched = run_cli("--impl", "tests.test_batched_calls:step_many", "--level", "step", "--batch", "64",
+                      "--mode", "statistical", "--samples", "2000")
+    assert batched.returncode == 0, batched.stdout + batched.stderr
+    unbatched = run_cli("--impl", "tests.test_batched_calls:step_many", "--level", "step", "--mode", "statistical",
+                        "--samples", "200")
+    assert unbatched.returncode == 1 and "raised" in unbatched.stdout  # one sample per call: not its signature
+    ruled = run_cli("--impl", "tests.test_rules:self_consistent", "--level", "logits",
+                    "--rules", "order=top_k,top_p,min_p,temperature")
+    assert ruled.returncode == 0 and "self-consistent" in ruled.stdout, ruled.stdout + ruled.stderr
+    assert run_cli("--impl", "tests.test_rules:self_consistent", "--level", "logits").returncode == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rules", "top_p_ties=keep_one"], "unknown top_p_ties convention 'keep_one'; known: keep_all, lowest_id"),
+    (["--rules", "ties=lowest_id"], "unknown rules field 'ties'"),
+    (["--batch", "0"], "batch (samples per call) must be a positive integer, got 0"),
+    (["--level", "batched", "--batch", "4"], "applies at the step, logits, decoder levels, not 'batched'"),
+    (["--level", "step", "--rules", "greedy_ties=split"], "rules apply at the logits and decoder levels"),
+])
+def test_bad_batch_and_rules_flags_are_usage_errors(args, message, capsys):
+    assert verify.main(["--impl", "no_such_module:f", "--level", "logits", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "cannot load" not in err  # named before the implementation is imported
+
+
+def test_batch_and_rules_go_with_impl(capsys):
+    with pytest.raises(SystemExit) as e:
+        verify.main(["--batch", "4"])
+    assert e.value.code == 2 and "--batch and --rules" in capsys.readouterr().err

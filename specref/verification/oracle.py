@@ -10,6 +10,9 @@
 - **vllm**, **flashinfer**: the batched level in the engines' calls
   (:mod:`specref.verification.levels.engines`).
 
+``batch=n`` (step, logits and decoder levels) says "call me with ``n`` samples at once": the
+same as :func:`~specref.verification.levels.chain.declare_batch` (SPEC §13.1).
+
 Cases are plain data, so a counterexample reproduces when passed back in
 (``check_step(fn, cases=[report.counterexample])``).
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 from functools import partial
+from numbers import Integral
 
 from specref.core.errors import SpecrefError, SpecrefTypeError
 from specref.verification.cases.chain import Case, default_cases, fixed_cases, strategy_cases
@@ -40,7 +44,7 @@ from specref.verification.cases.rules import RulesReport, declare_rules, rules_o
 from specref.verification.laws.enumeration import compare
 from specref.verification.levels import LEVELS, register
 from specref.verification.levels.batched import default_batched_cases
-from specref.verification.levels.chain import run_programs
+from specref.verification.levels.chain import batch_of, declare_batch, run_programs
 from specref.verification.levels.trees import run_tree_batch, tree_cases
 from specref.verification.running.level import Level
 from specref.verification.running.report import CaseResult, Report, Settings
@@ -56,6 +60,7 @@ __all__ = [
     "register",
     "run_programs",
     "check",
+    "declared",
     "check_step",
     "check_logits_step",
     "check_decoder",
@@ -70,7 +75,11 @@ __all__ = [
 ]
 
 
-def check(level: str, fn, *, cases=None, settings: Settings | None = None, rules=None, **fields_) -> Report:
+BATCH_LEVELS = ("step", "logits", "decoder")  # the levels where batch= (calls of n samples) applies
+
+
+def check(level: str, fn, *, cases=None, settings: Settings | None = None, rules=None, batch: int | None = None,
+          **fields_) -> Report:
     """Check ``fn`` at ``level`` (a key of :data:`~specref.verification.levels.LEVELS`) on ``cases`` (default: the level's own).
 
     Settings come as one :class:`~specref.verification.running.report.Settings`, or as its fields by keyword
@@ -78,13 +87,37 @@ def check(level: str, fn, *, cases=None, settings: Settings | None = None, rules
     ``rules`` (logits and decoder levels): the implementation's declared rule order or its
     own plain sampler (:mod:`specref.verification.cases.rules`); speculative output is then
     checked against that sampler, and the report says so.
+    ``batch`` (step, logits and decoder levels): ``fn`` takes ``batch`` samples per call, rows
+    stacked (:func:`~specref.verification.levels.chain.declare_batch`; SPEC §13.1).
     """
     if not isinstance(level, str) or level not in LEVELS:
         raise SpecrefError(f"level must be one of {', '.join(map(repr, LEVELS))}, got {level!r}")
-    return _check(LEVELS[level], fn, cases=cases, settings=settings, rules=rules, **fields_)
+    return _check(LEVELS[level], fn, cases=cases, settings=settings, rules=rules, batch=batch, **fields_)
 
 
-def _check(spec: Level, fn, *, cases, settings, rules, **fields_) -> Report:
+def declared(level: str, fn, *, rules=None, batch: int | None = None):
+    """``fn`` with ``rules`` and ``batch`` declared on it (:func:`check`'s arguments), validated:
+    ``batch`` a positive int (not a bool) at the step, logits and decoder levels, ``rules`` at the
+    logits and decoder levels.  A batch already declared keeps its array, device and dtype."""
+    if not callable(fn):
+        raise SpecrefTypeError(f"the implementation ({level} level) must be callable, got {fn!r:.80}")
+    if batch is not None:
+        if isinstance(batch, bool) or not isinstance(batch, Integral) or batch < 1:
+            raise SpecrefError(f"batch (samples per call) must be a positive integer, got {batch!r:.80}")
+        if level not in BATCH_LEVELS:
+            raise SpecrefError(f"batch (samples per call) applies at the {', '.join(BATCH_LEVELS)} levels, "
+                               f"not {level!r}")
+        form = batch_of(fn)
+        kw = {} if form is None else dict(array=form.array, device=form.device, dtype=form.dtype)
+        fn = declare_batch(fn, int(batch), **kw)
+    if rules is not None:
+        fn = declare_rules(fn, rules)
+    if rules_of(fn) is not None and level not in ("logits", "decoder"):
+        raise SpecrefError(f"rules apply at the logits and decoder levels, not {level!r}")
+    return fn
+
+
+def _check(spec: Level, fn, *, cases, settings, rules, batch=None, **fields_) -> Report:
     """:func:`check` on a level object (a registered level, or a variant of one)."""
     level = spec.name
     unknown = set(fields_) - {f.name for f in fields(Settings)}
@@ -93,10 +126,7 @@ def _check(spec: Level, fn, *, cases, settings, rules, **fields_) -> Report:
     settings = replace(settings or Settings(), **fields_)
     if not callable(fn):
         raise SpecrefTypeError(f"the implementation ({spec.signature.split('(')[0]}) must be callable, got {fn!r:.80}")
-    if rules is not None:
-        fn = declare_rules(fn, rules)
-    if rules_of(fn) is not None and level not in ("logits", "decoder"):
-        raise SpecrefError(f"rules apply at the logits and decoder levels, not {level!r}")
+    fn = declared(level, fn, rules=rules, batch=batch)
     try:
         cases = spec.cases() if cases is None else list(cases)
     except TypeError:

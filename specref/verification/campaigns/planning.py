@@ -1,14 +1,23 @@
-"""Friendlier statistical runs: a plan with N and an ETA per case, and results kept case by case (SPEC §6).
+"""Friendlier statistical runs: a plan with N and an ETA per case, and results kept case by case (SPEC §6, §15).
 
 - :func:`plan` prints, before a long run, the N that
   :func:`specref.verification.statistics.counts.samples_needed` plans for each case (TV >=
   ``detect_tv`` with power 0.9 at ``alpha``) and an ETA measured from a few calls of
-  the implementation on that case.
+  the implementation on that case: the first call timed apart (imports, compilation and caches
+  warm up there), then ``calls`` warm calls, each of the implementation's declared batch
+  (:func:`~specref.verification.levels.chain.declare_batch`: ``B`` samples per call, at most one
+  block), so ``ETA = first call + (calls the run makes - 1) x warm call``: about ``N / B`` warm
+  calls.  ``mode="exact"`` plans an exact check instead: its calls are the paths of the
+  reference's enumeration of the case (those of an implementation that draws as the reference
+  does), each a call of one sample.
 - :func:`run_each` runs the check one case at a time and hands every verdict to
   ``on_case(index, result)`` and/or appends it as one JSON line to ``json_lines``, so a
-  long run that is stopped keeps what it finished.  Case ``i`` uses seed
-  ``settings.seed + i``, as in one :func:`~specref.verification.oracle.check` over all
-  cases, so the verdicts are the same.
+  long run that is stopped keeps what it finished, and a second run on the same file resumes:
+  the cases it holds are not run again.  Case ``i`` uses seed ``settings.seed + i``, as in one
+  :func:`~specref.verification.oracle.check` over all cases, so the verdicts are the same.
+  Unless a ``case_time_limit`` is given, each case's is its plan's
+  (:attr:`PlanRow.case_time_limit`: :data:`CASE_TIME_FACTOR` x its ETA, at least the
+  ``Settings`` default, at most :data:`CASE_TIME_CAP`).
 
 Seeds: in statistical mode the implementation gets an int in ``[0, 2**63)`` per call.
 ``numpy.random.default_rng`` and ``torch.manual_seed`` take it as it is; NumPy's legacy
@@ -19,21 +28,32 @@ is wrapped by :func:`specref.adapters.hf_models.torch_seeded`.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
 from specref.core.errors import SpecrefError, SpecrefTypeError, check_positive_int
 from specref.verification.cases.chain import Case
-from specref.verification.running.calling import guarded
+from specref.verification.cases.rules import RulesReport, rules_of
+from specref.verification.laws.enumeration import law
 from specref.verification.levels import LEVELS
-from specref.verification.running.report import Report, Settings
+from specref.verification.levels.chain import _reference, _sampler_of, batch_of  # the chain levels' own calls
+from specref.verification.running.calling import guarded
+from specref.verification.running.report import CaseResult, Report, Settings
 from specref.verification.statistics.counts import samples_needed
+from specref.verification.statistics.shards import BLOCK, block_rng
 
-__all__ = ["PlanRow", "plan", "run_each"]
+__all__ = ["PlanRow", "plan", "run_each", "CASE_TIME_CAP", "CASE_TIME_FACTOR"]
+
+CASE_TIME_FACTOR = 3.0  # a campaign's default case_time_limit: this many ETAs (a few timed calls; load varies)
+CASE_TIME_CAP = 24 * 3600.0  # ... and never more than a day per case
+_DEFAULT_CASE_TIME = Settings().case_time_limit
 
 
 @dataclass(frozen=True)
@@ -42,30 +62,53 @@ class PlanRow:
 
     case: str
     outcomes: int  # outputs with positive target probability
-    n: int  # planned (or given) samples
-    seconds_per_call: float | None  # measured; None when the implementation misbehaved
-    eta_s: float | None  # n * seconds_per_call
+    n: int  # planned (or given) samples; exact mode: the paths of the reference's enumeration
+    seconds_per_call: float | None  # a warm call of `batch` samples; None when the implementation misbehaved
+    eta_s: float | None  # first_call_s + (calls - 1) * seconds_per_call
     note: str = ""
+    batch: int = 1  # samples per call: the declared batch, at most one block and at most n (exact mode: 1)
+    calls: int | None = None  # calls of the implementation the run makes
+    first_call_s: float | None = None  # the first call, timed apart
+
+    @property
+    def case_time_limit(self) -> float:
+        """The case's default ``case_time_limit`` in a campaign: ``CASE_TIME_FACTOR`` x ETA, at least
+        the ``Settings`` default, at most :data:`CASE_TIME_CAP` (the default when there is no ETA)."""
+        if self.eta_s is None:
+            return _DEFAULT_CASE_TIME
+        return min(CASE_TIME_CAP, max(_DEFAULT_CASE_TIME, CASE_TIME_FACTOR * self.eta_s))
+
+
+def _calls(n: int, per_call: int) -> int:
+    """Calls for ``n`` samples: blocks of ``BLOCK``, each cut into calls of ``per_call`` (no call spans two)."""
+    full, rest = divmod(n, BLOCK)
+    return full * math.ceil(BLOCK / per_call) + math.ceil(rest / per_call)
 
 
 def _settings(settings, fields_):
-    return replace(settings or Settings(), mode="statistical", **fields_)
+    """The plan's settings: ``fields_`` over ``settings``; statistical unless ``mode="exact"`` is given."""
+    return replace(settings or Settings(), **{"mode": "statistical", **fields_})
 
 
 def plan(level: str, fn, cases=None, *, settings: Settings | None = None, calls: int = 5, file=None,
-         quiet: bool = False, **fields_) -> list[PlanRow]:
-    """Print (to ``file``, default stdout; nothing when ``quiet``) and return N per case and an ETA
-    from ``calls`` timed calls of the implementation on each case.
+         quiet: bool = False, rules=None, batch: int | None = None, **fields_) -> list[PlanRow]:
+    """Print (to ``file``, default stdout; nothing when ``quiet``) and return N per case and an ETA:
+    the first call and ``calls`` warm calls of the implementation timed on each case (module docstring).
 
-    The timed calls are the first calls of an implementation nobody has checked yet: they run in a
-    forked worker per case (``isolate=False`` runs them here), under ``time_limit`` per call and
-    ``case_time_limit`` per case, and a misbehaviour is the case's note, never an exception."""
+    ``rules`` and ``batch`` are :func:`~specref.verification.oracle.check`'s; ``fields_`` are
+    ``Settings`` fields (``mode`` is ``"statistical"`` unless given).  The timed calls are the first
+    calls of an implementation nobody has checked yet: they run in a forked worker per case
+    (``isolate=False`` runs them here), under ``time_limit`` per call and ``case_time_limit`` per
+    case, and a misbehaviour is the case's note, never an exception."""
+    from specref.verification.oracle import declared  # the oracle's validation of rules and batch
+
     if not isinstance(level, str) or level not in LEVELS or LEVELS[level].program is None:
         raise SpecrefError(f"plan needs a level run by programs (step, logits, decoder), got {level!r}")
     if not callable(fn):
         raise SpecrefTypeError(f"fn (the implementation to plan for) must be callable, got {fn!r:.80}")
     calls = check_positive_int("calls", calls)
     settings = _settings(settings, fields_)
+    fn = declared(level, fn, rules=rules, batch=batch)
     spec = LEVELS[level]
     try:
         cases = spec.cases() if cases is None else list(cases)
@@ -77,41 +120,89 @@ def plan(level: str, fn, cases=None, *, settings: Settings | None = None, calls:
         if not isinstance(case, Case):
             raise SpecrefError(f"plan's cases must be specref.verification.cases.chain.Case objects, got {case!r:.120}")
         case.models()  # validates the tables
-    isolate = True if settings.isolate is None else settings.isolate
-    rows = []
-    for i, case in enumerate(cases):
-        program, expected = spec.program(fn, case.as_float(), settings.time_limit)
-        null = np.array([float(w) for w in expected.values()] + [0.0])
-        n = settings.samples or samples_needed(settings.detect_tv, settings.alpha, 0.9, len(null), null=null)
-        status, value = guarded(partial(_timed_calls, program, settings.seed + i, calls), isolate=isolate,
-                                time_limit=settings.time_limit, case_time_limit=settings.case_time_limit)
-        if status == "result":
-            rows.append(PlanRow(case.name, len(expected), n, value, n * value))
-        else:
-            rows.append(PlanRow(case.name, len(expected), n, None, None, note=f"{status}: {value[:80]}"))
+    rows = [_plan_case(spec, fn, case, settings, settings.seed + i, calls) for i, case in enumerate(cases)]
     if not quiet:
         print(_table(rows, settings), file=file or sys.stdout)
     return rows
 
 
-def _timed_calls(program, seed, calls) -> float:
-    """Seconds per call of ``calls`` runs of the case's program (each one call of the implementation)."""
-    gen = np.random.default_rng(seed)
+def _plan_case(spec, fn, case, settings: Settings, seed: int, calls: int) -> PlanRow:
+    """One case's row: N (exact mode: the reference's paths), then the timed calls in a guarded body."""
+    if settings.mode == "exact":
+        _, expected = spec.program(fn, case, settings.time_limit)
+        reference, _ = spec.program(_reference(spec.name, rules_of(fn)), case, settings.time_limit)
+        try:
+            n = law(lambda rng: reference(rng, rng), max_paths=settings.max_paths).paths
+        except SpecrefError as e:  # over max_paths: the exact check stops there too
+            return PlanRow(case.name, len(expected), settings.max_paths, None, None, note=f"over budget: {e}"[:120])
+        per_call, total = 1, n
+        body = partial(_timed_exact, spec, fn, case, settings.time_limit, seed, calls)
+    else:
+        _, expected = spec.program(fn, case.as_float(), settings.time_limit)
+        null = np.array([float(w) for w in expected.values()] + [0.0])
+        n = settings.samples or samples_needed(settings.detect_tv, settings.alpha, 0.9, len(null), null=null)
+        form = batch_of(fn)
+        per_call = 1 if form is None else min(form.per_call, n)
+        total = _calls(n, per_call)
+        body = partial(_timed_batches, spec.name, fn, case.as_float(), settings.time_limit, seed, calls, per_call)
+    status, value = guarded(body, isolate=True if settings.isolate is None else settings.isolate,
+                            time_limit=settings.time_limit, case_time_limit=settings.case_time_limit)
+    if status != "result":
+        return PlanRow(case.name, len(expected), n, None, None, note=f"{status}: {value[:80]}", batch=per_call,
+                       calls=total)
+    first, warm = value
+    return PlanRow(case.name, len(expected), n, warm, first + (total - 1) * warm, batch=per_call, calls=total,
+                   first_call_s=first)
+
+
+def _timed(call, calls) -> tuple[float, float]:
+    """``(seconds of the first call, seconds per warm call)`` of ``call(i)``: ``i = 0``, then ``1..calls``."""
     t0 = time.perf_counter()
-    for _ in range(calls):
-        program(gen, int(gen.integers(2 ** 63)))
-    return (time.perf_counter() - t0) / calls
+    call(0)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for i in range(1, calls + 1):
+        call(i)
+    return first, (time.perf_counter() - t0) / calls
+
+
+def _timed_batches(level, fn, case, time_limit, seed, calls, per_call) -> tuple[float, float]:
+    """Statistical mode: calls as the check makes them (:mod:`specref.verification.levels.chain`),
+    one sample per call or ``per_call`` in one call, each on samples of its own, seeded and drawn as
+    the samples of block 0 are (one ``block_rng(seed, 0)`` for all the calls)."""
+    sampler = _sampler_of(level, fn, case, time_limit)
+    gen = block_rng(seed, 0)
+    m = (calls + 1) * per_call
+    seeds, coins = gen.integers(2**63, size=m), gen.random((m, sampler.coins))
+    if sampler.form is None:
+        return _timed(lambda i: sampler.one(coins[i], int(seeds[i])), calls)
+    return _timed(lambda i: sampler.many(seeds[i * per_call:(i + 1) * per_call], coins[i * per_call:(i + 1) * per_call]),
+                  calls)
+
+
+def _timed_exact(spec, fn, case, time_limit, seed, calls) -> tuple[float, float]:
+    """Exact mode: runs of the case's program on a seeded generator, each one call of one sample."""
+    program, _ = spec.program(fn, case, time_limit)
+    gen = np.random.default_rng(seed)
+    return _timed(lambda i: program(gen, gen), calls)
 
 
 def _table(rows, settings):
-    lines = [f"plan: detect TV >= {settings.detect_tv} with power 0.9 at alpha = {settings.alpha}",
-             f"{'case':<24} {'outcomes':>8} {'N':>10} {'ms/call':>9} {'ETA':>9}  note"]
+    what = ("exact mode: N is the reference's enumerated paths, one call each" if settings.mode == "exact" else
+            f"detect TV >= {settings.detect_tv} with power 0.9 at alpha = {settings.alpha}")
+    lines = [f"plan: {what}",
+             f"{'case':<24} {'outcomes':>8} {'N':>10} {'batch':>6} {'calls':>9} {'first s':>8} {'ms/call':>9} "
+             f"{'ETA':>9}  note"]
     for r in rows:
         ms = "-" if r.seconds_per_call is None else f"{1e3 * r.seconds_per_call:.3g}"
+        first = "-" if r.first_call_s is None else f"{r.first_call_s:.3g}"
         eta = "-" if r.eta_s is None else _duration(r.eta_s)
-        lines.append(f"{r.case:<24} {r.outcomes:>8} {r.n:>10,} {ms:>9} {eta:>9}  {r.note}")
+        calls = "-" if r.calls is None else f"{r.calls:,}"
+        lines.append(f"{r.case:<24} {r.outcomes:>8} {r.n:>10,} {r.batch:>6} {calls:>9} {first:>8} {ms:>9} "
+                     f"{eta:>9}  {r.note}")
     total = sum(r.eta_s for r in rows if r.eta_s is not None)
-    lines.append(f"total ETA {_duration(total)} for {sum(r.n for r in rows):,} samples")
+    unit = "paths" if settings.mode == "exact" else "samples"
+    lines.append(f"total ETA {_duration(total)} for {sum(r.n for r in rows):,} {unit}")
     return "\n".join(lines)
 
 
@@ -119,13 +210,21 @@ def _duration(s):
     return f"{s:.0f} s" if s < 120 else (f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h")
 
 
+# ---------------------------------------------------------------- case by case
+
+
 def run_each(level: str, fn, cases=None, *, settings: Settings | None = None, on_case=None, json_lines=None,
-             rules=None, **fields_) -> Report:
+             rules=None, batch: int | None = None, **fields_) -> Report:
     """The check, one case at a time: ``on_case(i, result)`` and/or one JSON line per verdict in ``json_lines``.
 
-    A long statistical campaign runs an implementation with its own randomness: its cases are
-    isolated (forked workers) unless ``isolate`` is set, at every level."""
-    from specref.verification.oracle import check  # the oracle registers the levels; imported where used
+    A ``json_lines`` file that exists is resumed: its cases (by index, checked against the case's
+    name, the level, the mode and the seed) are not run again, nor handed to ``on_case``, and keep
+    their recorded verdicts in the report; a last line cut short is dropped and its case runs
+    again.  A long statistical campaign runs an implementation with its own randomness: its cases
+    are isolated (forked workers) unless ``isolate`` is set, at every level.  Without a
+    ``case_time_limit`` (a keyword, or a ``settings`` value other than the default), each case at
+    the step, logits and decoder levels gets its plan's (:attr:`PlanRow.case_time_limit`)."""
+    from specref.verification.oracle import check, declared  # the oracle registers the levels; imported where used
 
     settings = replace(settings or Settings(), **fields_)
     if settings.isolate is None and settings.mode == "statistical":
@@ -134,17 +233,74 @@ def run_each(level: str, fn, cases=None, *, settings: Settings | None = None, on
     cases = (spec.cases() if spec else []) if cases is None else list(cases)
     if not cases:
         raise SpecrefError("cases is empty: a check on no case proves nothing")
-    merged = None
+    done = {} if json_lines is None else _finished(json_lines, cases, level, settings)
+    limits = [settings.case_time_limit] * len(cases)
+    todo = [i for i in range(len(cases)) if i not in done]
+    if todo and spec is not None and spec.program is not None and settings.case_time_limit == _DEFAULT_CASE_TIME:
+        planned = plan(level, fn, [cases[i] for i in todo], settings=settings, quiet=True, rules=rules, batch=batch, mode=settings.mode)
+        for i, row in zip(todo, planned):
+            limits[i] = row.case_time_limit
+    results, head = [], None
     for i, case in enumerate(cases):
-        report = check(level, fn, cases=[case], settings=replace(settings, seed=settings.seed + i), rules=rules)
-        result = report.results[0]
-        if merged is None:
-            merged = report
-        else:
-            merged.results.append(result)
+        if i in done:
+            results.append(done[i])
+            continue
+        report = check(level, fn, cases=[case], rules=rules, batch=batch,
+                       settings=replace(settings, seed=settings.seed + i, case_time_limit=limits[i]))
+        head = head or report
+        results.append(report.results[0])
         if on_case is not None:
-            on_case(i, result)
+            on_case(i, results[-1])
         if json_lines is not None:
+            line = {"index": i, "level": level, "mode": settings.mode, "seed": settings.seed + i,
+                    **report.to_json()["results"][0]}
             with open(json_lines, "a") as f:
-                f.write(json.dumps({"index": i, **report.to_json()["results"][0]}, default=str) + "\n")
-    return merged
+                f.write(json.dumps(line, default=str) + "\n")
+    if head is None:  # every case was in the file
+        declared_rules = rules_of(declared(level, fn, rules=rules)) if level in ("logits", "decoder") else None
+        head = Report(level=level, mode=settings.mode)
+        head = head if declared_rules is None else RulesReport.of(head, declared_rules)
+    head.results = results
+    return head
+
+
+def _finished(path, cases, level: str, settings: Settings) -> dict:
+    """``{index: CaseResult}`` of the verdicts already in the JSON lines file ``path`` (none when it
+    does not exist).  A line of another run (case name, level, mode or seed) is a SpecrefError; a
+    last line cut short (no newline) is removed from the file."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    text = path.read_text()
+    *complete, tail = text.split("\n")
+    if tail:  # interrupted while writing: that case runs again
+        path.write_text("".join(line + "\n" for line in complete))
+    done = {}
+    for k, line in enumerate(complete, 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            i, name = d["index"], d["case"]["name"]
+        except (ValueError, KeyError, TypeError):
+            raise SpecrefError(f"{path}, line {k}, is not a verdict run_each wrote: {line[:80]!r}") from None
+        if not (isinstance(i, int) and 0 <= i < len(cases)) or name != cases[i].name:
+            raise SpecrefError(f"{path}, line {k}: case {i!r} ({name!r}) is not case {i!r} of these {len(cases)} cases")
+        theirs = (d.get("level", level), d.get("mode", settings.mode), d.get("seed", settings.seed + i))
+        if theirs != (level, settings.mode, settings.seed + i):
+            raise SpecrefError(f"{path}, line {k}: written by another run (level, mode, seed {theirs}, not "
+                               f"{(level, settings.mode, settings.seed + i)}): use another file")
+        done.setdefault(i, _result_of(cases[i], d))
+    return done
+
+
+def _result_of(case, d: dict) -> CaseResult:
+    """A verdict read back from its JSON line (``Report.to_json``'s numbers: Fractions as strings)."""
+    def number(v):
+        return None if v is None else (Fraction(v) if isinstance(v, str) else v)
+
+    interval = d.get("tv_interval")
+    return CaseResult(case, d["status"], tv=number(d.get("tv")), detail=d.get("detail", ""),
+                      n_samples=d.get("n_samples"), p_value=d.get("p_value"),
+                      tv_interval=None if interval is None else tuple(number(v) for v in interval),
+                      detectable_tv=d.get("detectable_tv"))

@@ -31,6 +31,10 @@ The oracle then draws its draft tokens and computes the target law with those
 rules (:func:`ruled`), and the report says "self-consistent with a non-default rule
 order" (:class:`RulesReport`) instead of comparing with specref's order.  An unknown
 convention name is a :class:`~specref.core.errors.SpecrefError` that lists the known ones.
+
+:func:`parse_rules` reads the command line's form (``python -m specref.verify --rules ...``):
+``name=value`` items separated by spaces, the order's rules separated by commas, e.g.
+``order=top_k,top_p,min_p,temperature top_p_ties=lowest_id greedy_ties=split``.
 """
 
 from __future__ import annotations
@@ -46,8 +50,8 @@ from specref.core.numbers import is_exact
 from specref.core.sampling import SamplingConfig, process, process_probs
 from specref.verification.running.report import Report
 
-__all__ = ["DEFAULT_ORDER", "CONVENTIONS", "Rules", "declare_rules", "rules_of", "describe_rules", "ruled",
-           "apply_rules", "RuledModel", "RulesReport"]
+__all__ = ["DEFAULT_ORDER", "CONVENTIONS", "Rules", "parse_rules", "declare_rules", "rules_of", "describe_rules",
+           "ruled", "apply_rules", "RuledModel", "RulesReport"]
 
 #: specref's order (specref.core.sampling).
 DEFAULT_ORDER = ("temperature", "top_k", "top_p", "min_p")
@@ -112,6 +116,35 @@ def _check_rules(rules) -> Rules:
                                f"{', '.join(CONVENTIONS)} and sampler")
         return Rules(**rules)
     return Rules(order=rules)
+
+
+def parse_rules(text) -> Rules:
+    """``"order=top_k,top_p,min_p,temperature top_p_ties=lowest_id"`` (or its items as a list of
+    strings) -> :class:`Rules`: ``name=value`` items, ``name`` one of ``order`` and the
+    :data:`CONVENTIONS`; items left out keep specref's value.  Anything else is a
+    :class:`~specref.core.errors.SpecrefError` naming the item and what is known."""
+    if isinstance(text, str):
+        items = text.split()
+    elif isinstance(text, (list, tuple)) and all(isinstance(t, str) for t in text):
+        items = [item for t in text for item in t.split()]
+    else:
+        raise SpecrefError(f"rules text must be a string of name=value items, got {text!r:.80}")
+    known = ("order", *CONVENTIONS)
+    if not items:
+        raise SpecrefError(f"rules text is empty; give name=value items, name one of {', '.join(known)}")
+    given = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not value:
+            raise SpecrefError(f"rules item {item!r} is not name=value (e.g. top_p_ties=lowest_id)")
+        if name not in known:
+            raise SpecrefError(f"unknown rules field {name!r} in {item!r}; known: {', '.join(known)}")
+        if name in given:
+            raise SpecrefError(f"rules field {name!r} is given twice ({given[name]!r} and {value!r})")
+        given[name] = value
+    if "order" in given:
+        given["order"] = tuple(given["order"].split(","))
+    return Rules(**given)
 
 
 def describe_rules(rules) -> str:
