@@ -614,6 +614,13 @@ def _executor(args):
     return local_pool(args.workers) if args.workers > 1 else nullcontext(None)
 
 
+def _main_impl(args, executor) -> int:
+    """``--impl``: :func:`check_outside` with the command line's settings and declarations."""
+    extra = {"executor": executor} if executor is not None and args.mode == "statistical" else {}
+    return check_outside(args.impl, args.level, args.mode, args.samples, isolate=not args.no_isolate,
+                         json_path=args.json, time_limit=args.time_limit, rules=args.rules, batch=args.batch, **extra)
+
+
 def _main(args, argv, executor) -> int:
     if args.sweep:
         from specref.verification.campaigns.sweep import load_sweep, run_sweep, sweep_table
@@ -628,10 +635,7 @@ def _main(args, argv, executor) -> int:
             return EXIT_ERROR
         return EXIT_PRESERVES if all(r["ok"] for r in results) else EXIT_DIFFERS
     if args.impl:
-        extra = {"executor": executor} if executor is not None and args.mode == "statistical" else {}
-        return check_outside(args.impl, args.level, args.mode, args.samples, isolate=not args.no_isolate,
-                             json_path=args.json, time_limit=args.time_limit, rules=args.rules, batch=args.batch,
-                             **extra)
+        return _main_impl(args, executor)
 
     t0 = time.perf_counter()
     print("1. SPEC §3 worked example, exact rationals")
