@@ -178,3 +178,27 @@ def test_a_difference_under_declared_rules_is_reported_as_differs_not_internal()
     report = check_logits_step(zoo.top_p_target_only, rules=("top_k", "top_p", "min_p", "temperature"), cases=case)
     assert report.results[0].status == "differs", report
     assert report.worst_tv > 0.1 and "from its own plain sampler" in str(report)
+
+
+@pytest.mark.parametrize("mode", ["exact", "statistical"])
+def test_a_crash_detail_carries_no_absolute_path(tmp_path, monkeypatch, mode):
+    """An implementation outside the working directory, as a module and inside a package: its
+    frame is named relative to where it was imported from; inside the working directory, relative to it."""
+    import importlib
+    import sys
+
+    (tmp_path / "lonely_impl.py").write_text("def step(p, q, x, rng):\n    raise ValueError('boom')\n")
+    (tmp_path / "impl_pkg").mkdir()
+    (tmp_path / "impl_pkg" / "__init__.py").write_text("")
+    (tmp_path / "impl_pkg" / "steps.py").write_text("def step(p, q, x, rng):\n    raise ValueError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    case = default_cases("step")[:1]
+    for module, shown in [("lonely_impl", "lonely_impl.py:2 in step"), ("impl_pkg.steps", "impl_pkg/steps.py:2 in step")]:
+        fn = importlib.import_module(module).step
+        detail = check_step(fn, cases=case, mode=mode, samples=20, progress=False).results[0].detail
+        assert f"(at {shown})" in detail and str(tmp_path) not in detail, detail
+        sys.modules.pop(module)
+    from tests.test_frames import crashes  # in the working directory (the repository root)
+
+    detail = check_step(crashes, cases=case, mode=mode, samples=20, progress=False).results[0].detail
+    assert "(at tests/test_frames.py:" in detail and "/tests/" not in detail, detail
