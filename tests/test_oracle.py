@@ -202,3 +202,17 @@ def test_a_crash_detail_carries_no_absolute_path(tmp_path, monkeypatch, mode):
 
     detail = check_step(crashes, cases=case, mode=mode, samples=20, progress=False).results[0].detail
     assert "(at tests/test_frames.py:" in detail and "/tests/" not in detail, detail
+
+
+def test_a_batched_report_states_the_cases_n_not_its_statistics():
+    """1,500 batch draws of a case whose most significant statistic is a pair across copies of the
+    rows (counted 750 times): the report's N is the 1,500 samples the case drew; the statistic's own
+    N stays in its G-test text."""
+    from specref.decoding.batched import batched_step
+
+    def fn(P, Q, X, seed):
+        return batched_step(P, Q, X, np.random.default_rng(seed))
+
+    report = oracle.check_batched_step(fn, mode="statistical", samples=1500, progress=False, isolate=False)
+    assert [r.n_samples for r in report.results] == [1500] * len(report.results)
+    assert any("N = 750" in r.detail for r in report.results)  # the pair statistics' own count

@@ -795,7 +795,6 @@ def _statistical_case(level, fn, case, settings, seed):
     worst = min(tested, key=lambda j: results[j].g.p_value)
     r, s = results[worst], stats[worst]
     adjusted = min(1.0, r.g.p_value * m)
-    n_used = int(counts[worst].sum())
     detectable = _detectable(stats, counts, level_alpha)
     fn_time = t.seconds.get("implementation", 0.0)
     overhead = here + time.perf_counter() - t0 + t.seconds.get("shards", 0.0) - fn_time  # summed over the shards
@@ -806,7 +805,7 @@ def _statistical_case(level, fn, case, settings, seed):
               f"implementation {fn_time:.2f} s")
     rejected = any(x.rejected for x in results.values())
     seconds = {"implementation": fn_time / n_rows, "oracle": max(0.0, overhead) / n_rows}
-    return CaseResult(case, DIFFERS if rejected else OK, tv=r.tv.estimate, detail=detail, n_samples=n_used,
+    return CaseResult(case, DIFFERS if rejected else OK, tv=r.tv.estimate, detail=detail, n_samples=n_rows,
                       p_value=adjusted, tv_interval=(r.tv.lower, r.tv.upper),
                       detectable_tv=_detectable_tvs(stats, counts, level_alpha)[0], seconds_per_sample=seconds)
 
