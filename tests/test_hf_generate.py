@@ -70,7 +70,9 @@ def test_assisted_generate_preserves_the_law_of_plain_sampling_with_hf_processor
     assert detectable_tv(600, ALPHA, 0.9, 28) < 0.38
     assert report.ok, report
     assert "self-consistent" in str(report)  # checked against its own (HF's) rules
-    # the efficiency verdict: wasteful against the reference, in line with a draft warped twice
+    # the efficiency verdict: wasteful against the reference, in line with a draft warped twice;
+    # HFGenerate declares specref_isolate = False, so its 600 calls were recorded in this process
+    assert len(impl.target_calls) == 600, len(impl.target_calls)
     calls = impl.target_calls[-600:]
     verdict = efficiency(calls, case, rules=hf_rules)
     assert verdict.verdict == "wasteful" and abs(verdict.reference - 2.0429) < 1e-3, verdict
@@ -88,6 +90,20 @@ def test_assisted_generate_eos_inside_a_block_and_max_new_tokens_mid_block():
 def test_assisted_greedy_generate_is_the_argmax_chain():
     report = check_decoder(HFGenerate(), cases=[CASES["hf-greedy"]], mode="statistical", samples=20, alpha=ALPHA)
     assert report.ok and report.results[0].tv == 0, report
+
+
+def test_isolated_generate_gives_the_same_verdict():
+    """HFGenerate runs in a forked worker when asked (torch on one thread there): the same counts,
+    so the same TV, as in-process; the records stay in the worker.  N = 100: a smoke test (about 1 s)."""
+    case = CASES["hf-top-k"]
+    runs = {}
+    for isolate in (False, True):
+        impl = HFGenerate()
+        report = check_decoder(impl, cases=[case], mode="statistical", samples=100, alpha=ALPHA, isolate=isolate,
+                               progress=False)
+        runs[isolate] = (report.results[0].status, report.results[0].tv, len(impl.target_calls))
+    assert runs[False][:2] == runs[True][:2] and runs[True][0] == "ok", runs
+    assert runs[False][2] == 100 and runs[True][2] == 0, runs
 
 
 def test_control_plain_generate_passes_and_a_wrong_plain_sampler_is_flagged():

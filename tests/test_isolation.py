@@ -212,6 +212,59 @@ def test_statistical_mode_isolated_crash():
     assert report.results[0].status == "crashed" and "exit code 7" in report.results[0].detail
 
 
+_PYTEST_PID = os.getpid()
+
+
+def _exits_in_a_worker(*args, **kwargs):
+    """``os._exit(0)`` in a forked worker; in this process (which it would end) a RuntimeError instead."""
+    if os.getpid() == _PYTEST_PID:
+        raise RuntimeError("called in the oracle's own process")
+    os._exit(0)
+
+
+def _busy_ignoring_alarm(*args, **kwargs):
+    """SIGALRM ignored, then 4 s of busy loop (no sleep for a signal to interrupt): an in-process
+    time limit of 0.5 s cannot stop it, so in-process the check takes 4 s and gets None back."""
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    end = time.monotonic() + 4.0
+    while time.monotonic() < end:
+        pass
+
+
+@needs_fork
+@pytest.mark.parametrize("checker", [check_step, check_logits_step, check_decoder])
+@pytest.mark.parametrize("fn, status, word", [
+    (_exits_in_a_worker, "crashed", "exit code 0"),
+    (_busy_ignoring_alarm, "timeout", "time_limit"),
+])
+def test_statistical_chain_checks_are_isolated_by_default(checker, fn, status, word):
+    """Under the default ``isolate=None`` a statistical check at the step, logits and decoder levels
+    runs each case in a forked worker: an implementation that calls ``os._exit`` or ignores SIGALRM
+    in a busy loop gets a status within the time limit (0.5 s a call; 10 s in all allows two forks
+    on a loaded machine), and the check goes on to its next case."""
+    level = {check_step: "step", check_logits_step: "logits", check_decoder: "decoder"}[checker]
+    two = default_cases(level)[:2]
+    t0 = time.monotonic()
+    report = checker(fn, cases=two, mode="statistical", samples=50, time_limit=0.5, progress=False)
+    assert [r.status for r in report.results] == [status, status], str(report)
+    assert all(word in r.detail for r in report.results), str(report)
+    assert time.monotonic() - t0 < 10, "the hard deadline held"
+
+
+def test_an_implementation_may_declare_it_runs_in_process():
+    """``specref_isolate = False`` keeps a statistical chain check in this process: its side effects
+    stay visible here (in a forked worker the counter would stay at 0)."""
+    calls = []
+
+    def counted(p, q, x, seed):
+        calls.append(seed)
+        return speculative_step(p, q, x, np.random.default_rng(seed))
+
+    counted.specref_isolate = False
+    report = check_step(counted, cases=ONE, mode="statistical", samples=200, progress=False)
+    assert report.ok and len(calls) == 200, (str(report), len(calls))
+
+
 # ---------------------------------------------------------------- cases that cannot change the verdict
 
 

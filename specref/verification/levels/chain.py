@@ -139,7 +139,9 @@ def batch_of(fn) -> BatchForm | None:
 def run_programs(spec: Level, fn, cases, settings: Settings) -> Report:
     """Step, logits and decoder levels: each case is a randomized program with an exact law,
     enumerated (exact mode) or sampled and G-tested (statistical mode), through
-    :func:`~specref.verification.levels.runner.run_cases`."""
+    :func:`~specref.verification.levels.runner.run_cases`, which is told ``fn``: under the default
+    ``Settings.isolate`` a statistical check runs each case in a forked worker (unless ``fn``
+    declares ``specref_isolate = False``)."""
     batch_of(fn)  # a malformed declaration is a usage error, before any case runs
     handed_in, expected_of = {}, {}  # by id(case): the case as handed in, and the law it must have
 
@@ -164,7 +166,7 @@ def run_programs(spec: Level, fn, cases, settings: Settings) -> Report:
         return _rechecked(spec, result, handed_in[id(case)], expected_of[id(case)], settings, rules_of(fn))
 
     return run_cases(spec, cases, settings, validate=lambda c: _check_case(spec, c, settings.max_paths),
-                     exact=exact, statistical=statistical, recheck=recheck)
+                     exact=exact, statistical=statistical, recheck=recheck, fn=fn)
 
 
 def _exact_named(case, program, expected, settings: Settings, others=None):

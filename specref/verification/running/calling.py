@@ -9,9 +9,9 @@ or never ends is turned into a :class:`Misbehaved` (a status of
 
 Two ways to run a case (:func:`run_case`):
 
-- **isolated** (``Settings(isolate=True)``; the CLI's default): the whole case -- the
-  enumeration of every path in exact mode, or the N samples in statistical mode --
-  runs in a worker process forked for that case.  The parent watches a hard
+- **isolated** (``Settings(isolate=True)``; the CLI's default, and the API's in statistical
+  mode, ``Settings.isolate``): the whole case -- the enumeration of every path in exact
+  mode, or the N samples in statistical mode -- runs in a worker process forked for that case.  The parent watches a hard
   deadline: each call must end within ``time_limit`` and the case within
   ``case_time_limit``, or the worker is killed (SIGKILL).  An implementation that
   exits (``sys.exit``, ``os._exit``), crashes (a segfault), ignores or resets
