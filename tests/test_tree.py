@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from specref.core.errors import SpecrefError
-from specref.core.tree import (DraftTree, chain_tree, check_tree_rows, from_eagle_choices, from_sglang,
-                               to_eagle_choices, to_sglang)
+from specref.core.tree import (DraftTree, chain_tree, check_tree_rows, from_eagle_choices, from_padded, from_sglang,
+                               sglang_slots, to_eagle_choices, to_sglang)
 
 # root -> 1 (token 2), 2 (token 0); 1 -> 3 (token 1), 4 (token 0); 2 -> 5 (token 2)
 TREE = DraftTree((-1, 0, 0, 1, 1, 2), (-1, 2, 0, 1, 0, 2))
@@ -89,3 +89,22 @@ def test_eagle_choices_round_trip():
         from_eagle_choices([[0], [1, 0]])
     with pytest.raises(SpecrefError, match="appears twice"):
         from_eagle_choices([[0], [0]])
+
+
+def test_padded_slots_are_not_nodes():
+    # slots 2 and 4 are padding (parent and token -1); the nodes left are numbered in slot order
+    tree, slots = from_padded((-1, 0, -1, 1, -1, 0), (-1, 2, -1, 1, -1, 0))
+    assert tree == DraftTree((-1, 0, 1, 0), (-1, 2, 1, 0)) and slots == (0, 1, 3, 5)
+    assert from_padded(TREE.parents, TREE.tokens) == (TREE, tuple(range(6)))  # no padding: the tree itself
+    # SGLang's links: slot 2 is reached by no link and its candidate is -1
+    assert sglang_slots([7, 2, -1, 0], [1, -1, -1, -1], [-1, 3, -1, -1]) == ((-1, 0, -1, 0), (-1, 2, -1, 0))
+
+
+@pytest.mark.parametrize("parents, tokens, message", [
+    ((-1, 0, 2, 1), (-1, 0, -1, 1), r"node 2: tokens\[2\] = -1 marks padding but parents\[2\] = 2"),
+    ((-1, -1, 0, 1), (-1, -1, 0, 1), r"node 3: its parent 1 is a padded slot, not a node \(parents\[3\]\)"),
+    ((-1, 0, 3, 1), (-1, 0, 1, 1), r"node 2: its parent 3 comes after it"),  # named in slot numbers
+])
+def test_malformed_padded_layouts_name_the_slot(parents, tokens, message):
+    with pytest.raises(SpecrefError, match=message):
+        from_padded(parents, tokens)

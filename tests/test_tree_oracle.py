@@ -119,3 +119,34 @@ def test_tree_batches_run_under_settings_like_every_level():
     start = time.monotonic()
     slow = check_tree_batch(hangs, cases=cases, time_limit=0.5)
     assert slow.results[0].status == "timeout" and time.monotonic() - start < 10
+
+
+def test_only_trailing_padding_is_dropped_from_accept_index():
+    """A -1 with an accepted node after it is not padding: `invalid output` naming the row and position
+    (dropping every -1 used to turn [0, 1, -1, 3] into the valid path [1, 3] and pass the kernel)."""
+    from specref.verification.levels.trees import batched_reference_kernel
+    from specref.verification.oracle import check_tree_batch
+
+    def gap(*args):  # the reference kernel with a -1 written after the first accepted node
+        accept, token = sglang_style_kernel(*args)
+        return accept[:2] + [-1] + accept[2:], token
+
+    report = check_tree(from_coins(gap), cases=tree_cases()[:1])  # widths (2, 2): some paths accept two nodes
+    assert report.results[0].status == INVALID, str(report)
+    assert "path[1] = -1 but accepted node" in report.results[0].detail, report.results[0].detail
+
+    def gap_rows(*args):
+        rows, tokens = batched_reference_kernel(*args)
+        return [row[:2] + [-1] + row[2:] for row in rows], tokens
+
+    report = check_tree_batch(gap_rows, cases=tree_cases()[:1])
+    assert report.results[0].status == INVALID, str(report)
+    assert "row 0: accept_index[0][2] = -1 but accepted node" in report.results[0].detail, report.results[0].detail
+
+    def trailing(*args):  # trailing padding is padding: the law is the reference's
+        rows, tokens = batched_reference_kernel(*args)
+        return [row + [-1, -1] for row in rows], tokens
+
+    assert check_tree_batch(trailing, cases=tree_cases()[:1]).worst_tv == 0
+    assert check_tree(from_coins(lambda *a: (lambda r: (r[0] + [-1], r[1]))(sglang_style_kernel(*a))),
+                      cases=tree_cases()[:1]).worst_tv == 0

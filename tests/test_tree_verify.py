@@ -163,10 +163,8 @@ def test_block_verification_never_accepts_fewer_than_token_verification_on_rando
 
 def test_bad_input_names_the_node():
     rows = np.stack([P, P, P])
-    dup = DraftTree((-1, 0, 0), (-1, 1, 1))
+    dup = DraftTree((-1, 0, 0), (-1, 1, 1))  # the point-mass rule takes it (see the test below); RSD does not
     with pytest.raises(SpecrefError, match="node 0: children 1 and 2 both carry token 1"):
-        pointmass_verify(dup, rows, None, np.random.default_rng(0))
-    with pytest.raises(SpecrefError, match="node 0: children 1 and 2"):
         rrs_without_replacement(dup, rows, rows.copy(), np.random.default_rng(0))
     zero_q = np.stack([frac(["1/2", "0", "1/2"])[0], P, P])
     with pytest.raises(SpecrefError, match=r"node 1: token 1 has q_draft\[0, 1\] = 0"):
@@ -176,6 +174,18 @@ def test_bad_input_names_the_node():
     with pytest.raises(SpecrefError, match="block_verify needs a chain"):
         block_verify(DraftTree((-1, 0, 0), (-1, 1, 2)), rows, rows.copy(), np.random.default_rng(0))
     assert typical_acceptance(chain_tree([1]), rows[:2], None, np.random.default_rng(0))[0] == [1]
+
+
+def test_pointmass_never_accepts_a_repeated_child_and_keeps_the_law_p():
+    # root children 1 and 2 both carry token 1.  By hand, P = (1/5, 1/2, 3/10): node 1 is accepted
+    # w.p. P[1] = 1/2 and its bonus is ~ P; its rejection sets p~(1) = 0, so node 2 is never
+    # accepted; all rejected (1/2): the next token is P restricted to {0, 2}, i.e. 0 w.p. 1/5, 2 w.p. 3/10
+    rows = np.stack([P, P, P])
+    dup = DraftTree((-1, 0, 0), (-1, 1, 1))
+    got = law(lambda rng: (lambda out: (tuple(out[0]), out[1]))(pointmass_verify(dup, rows, None, rng)))
+    expected = {((1,), y): F(1, 2) * P[y] for y in range(3)}
+    expected.update({((), 0): F(1, 5), ((), 2): F(3, 10)})
+    assert dict(got) == expected
 
 
 def test_tree_decode_samples_the_target_law():

@@ -25,6 +25,11 @@ Layouts engines use, with converters both ways:
   child ranks (0 = the draft's most likely token) from the root, every prefix of a
   choice is itself a choice -- :func:`from_eagle_choices`, :func:`to_eagle_choices`.
 
+Padded layouts (engines allocate a fixed number of slots): a slot ``i > 0`` whose parent
+and token are both -1 is padding, not a node.  :func:`from_padded` drops such slots and
+numbers the nodes left in slot order; :func:`sglang_slots` reads SGLang's links into that
+layout (a slot no link reaches and whose candidate is -1 is padding).
+
 Malformed input raises :class:`~specref.core.errors.SpecrefError` naming the node.
 """
 
@@ -44,6 +49,8 @@ __all__ = [
     "check_tree_rows",
     "from_sglang",
     "to_sglang",
+    "from_padded",
+    "sglang_slots",
     "from_eagle_choices",
     "to_eagle_choices",
     "chain_tree",
@@ -238,6 +245,21 @@ def from_sglang(candidates, retrive_next_token, retrive_next_sibling) -> DraftTr
     be reached from the root exactly once, and a node's children are its first child
     followed by the next-sibling chain (the order they are tried).
     """
+    parents, tokens = _sglang_walk(candidates, retrive_next_token, retrive_next_sibling, padding=False)
+    return DraftTree(parents, tokens)
+
+
+def sglang_slots(candidates, retrive_next_token, retrive_next_sibling) -> tuple[tuple, tuple]:
+    """``(parents, tokens)`` per slot from SGLang's links, -1 padding kept (for :func:`from_padded`).
+
+    A slot that no link reaches and whose candidate is -1 is padding; one that no link reaches
+    but carries a token is an error naming it, as in :func:`from_sglang`.
+    """
+    return _sglang_walk(candidates, retrive_next_token, retrive_next_sibling, padding=True)
+
+
+def _sglang_walk(candidates, retrive_next_token, retrive_next_sibling, *, padding: bool):
+    """``(parents, tokens)`` per slot, reached from the root through the links (see :func:`from_sglang`)."""
     tokens = _ints("candidates", candidates)
     first = _ints("retrive_next_token", retrive_next_token)
     sibling = _ints("retrive_next_sibling", retrive_next_sibling)
@@ -245,12 +267,14 @@ def from_sglang(candidates, retrive_next_token, retrive_next_sibling) -> DraftTr
     if len(first) != n or len(sibling) != n:
         raise SpecrefError(f"candidates, retrive_next_token and retrive_next_sibling must have one entry per node, "
                            f"got {n}, {len(first)}, {len(sibling)}")
+    if n < 1:
+        raise SpecrefError("a draft tree needs at least the root node 0, got candidates=()")
     parents = [None] * n
     parents[0] = -1
     stack = [0]
     while stack:
         node = stack.pop()
-        c, steps = first[node], 0
+        c = first[node]
         while c != -1:
             if not 0 < c < n:
                 raise SpecrefError(f"node {node}: link to {c} is not a non-root node of this {n}-node tree")
@@ -259,11 +283,47 @@ def from_sglang(candidates, retrive_next_token, retrive_next_sibling) -> DraftTr
             parents[c] = node
             stack.append(c)
             c = sibling[c]
-            steps += 1
-    missing = [i for i in range(n) if parents[i] is None]
-    if missing:
-        raise SpecrefError(f"node {missing[0]} is not reachable from the root through the links")
-    return DraftTree(tuple(parents), (-1,) + tokens[1:])
+    for i in range(n):
+        if parents[i] is None:
+            if not padding or tokens[i] != -1:
+                raise SpecrefError(f"node {i} is not reachable from the root through the links"
+                                   + (f" and carries token {tokens[i]} (candidates[{i}]): padding is -1" if padding
+                                      else ""))
+            parents[i] = -1
+    return tuple(parents), (-1,) + tokens[1:]
+
+
+def from_padded(parents, tokens) -> tuple[DraftTree, tuple]:
+    """``(tree, slots)``: the tree of a padded layout and the slot of each of its nodes.
+
+    A slot ``i > 0`` with ``parents[i] == tokens[i] == -1`` is padding; the other slots are
+    nodes, numbered in slot order (``slots[j]`` is node ``j``'s slot).  The layout is
+    validated in slot numbers -- cycles, a parent after its child, out-of-range parents,
+    negative tokens (:class:`DraftTree`'s checks), a parent that is a padded slot, half a
+    padding marker -- each error naming the slot and the field.
+    """
+    parents, tokens = _ints("parents", parents), _ints("tokens", tokens)
+    if len(tokens) != len(parents):
+        raise SpecrefError(f"tokens must hold one token per slot (parents has {len(parents)} slots), "
+                           f"got {len(tokens)}")
+    pad = [i > 0 and parents[i] == -1 and tokens[i] == -1 for i in range(len(parents))]
+    for i in range(1, len(parents)):
+        if not pad[i] and tokens[i] == -1:
+            raise SpecrefError(f"node {i}: tokens[{i}] = -1 marks padding but parents[{i}] = {parents[i]}: "
+                               f"a padded slot has both -1")
+        if not pad[i] and parents[i] == -1:
+            raise SpecrefError(f"node {i}: parents[{i}] = -1 but tokens[{i}] = {tokens[i]}: only the root has no "
+                               f"parent; a padded slot has both -1")
+    # DraftTree's checks in slot numbers: a padded slot stands in as a leaf under the root
+    DraftTree(tuple(0 if pad[i] else parents[i] for i in range(len(parents))),
+              tuple(0 if pad[i] else tokens[i] for i in range(len(tokens))))
+    for i in range(1, len(parents)):
+        if not pad[i] and pad[parents[i]]:
+            raise SpecrefError(f"node {i}: its parent {parents[i]} is a padded slot, not a node (parents[{i}])")
+    slots = tuple(i for i in range(len(parents)) if not pad[i])
+    index = {s: j for j, s in enumerate(slots)}
+    tree = DraftTree(tuple(-1 if s == 0 else index[parents[s]] for s in slots), tuple(tokens[s] for s in slots))
+    return tree, slots
 
 
 def to_sglang(tree: DraftTree, root_token: int = -1):

@@ -18,7 +18,7 @@ Which drafting each rule assumes (the oracle drafts accordingly):
 ====================  ===========================================  ===============
 verifier              children of a node                            lossless
 ====================  ===========================================  ===============
-pointmass_verify      distinct, chosen without the coins (top-k)    yes
+pointmass_verify      chosen without the coins (top-k), any repeat  yes
 rrs_with_replacement  i.i.d. from ``q_draft[node]``                 yes
 rrs_without_repl.     drawn without replacement from ``q``          yes
 kseq_verify           i.i.d. from ``q_draft[node]``                 yes
@@ -92,12 +92,14 @@ def pointmass_verify(tree: DraftTree, p_target, q_draft, rng, *, check: bool = T
     (the residual at the stopping node); at an accepted leaf it is drawn from the fresh
     ``p_target[leaf]``.  In law this is "draw ``y ~ p`` at each node and descend while
     ``y`` is a child" (SpecInfer's naive sampling), so the acceptance at a node is
-    ``sum_i p(x_i)``.  Children must be distinct and chosen without the coins;
-    ``q_draft`` is ignored (None for point-mass drafts).
+    ``sum_i p(x_i)`` over the distinct tokens.  Children must be chosen without the coins; a
+    token repeated under one parent (top-k with replacement, merged beams) is never accepted
+    again -- its first copy's rejection set ``p~(x) = 0`` -- so the law is the same as with the
+    repeat removed.  ``q_draft`` is ignored: deterministic children are point masses whatever
+    the draft row they were ranked by.
     """
     if check:
         p_target, _ = check_tree_rows(tree, p_target, None)
-        tree.check_distinct_children("point-mass verification")
     path, node = [], ROOT
     while True:
         p = p_target[node].copy()  # a fresh target row at every accepted node
@@ -107,7 +109,7 @@ def pointmass_verify(tree: DraftTree, p_target, q_draft, rng, *, check: bool = T
                 path.append(c)
                 node = c
                 break
-            p[x] = 0  # rejected: remove x and renormalise (the mass left is 1 - p~(x) > 0)
+            p[x] = 0  # rejected: remove x and renormalise (the mass left is 1 - p~(x) > 0; a repeat: p~(x) = 0)
             p = p / p.sum()
         else:  # every child rejected, or an accepted leaf: draw from p~ (= the fresh row at a leaf)
             return path, draw(rng, p)

@@ -15,6 +15,9 @@ One iteration on the prefix ``tokens``:
 3. ``verify(tree, p_target, q_draft | None, rng) -> (path, next_token)``
    (:mod:`specref.core.tree_verify`); the block is the path's tokens and the next token.
 
+:func:`draft_on_shape` redraws the children of a given tree shape from one draft row per
+node (a user-built tree's rows), the drafting the tree level replays for a sampled user tree.
+
 :func:`tree_transition` is that iteration as ``iteration(state, rng)`` for
 :func:`specref.verification.laws.enumeration.law_iterated`, so the loop's output law can be
 compared exactly with the target sampler's law.
@@ -32,7 +35,8 @@ from specref.core.tree import DraftTree
 from specref.core.tree_verify import VERIFIERS
 from specref.decoding.chain import next_token_probs
 
-__all__ = ["SCHEMES", "draft_tree", "tree_rows", "tree_block", "tree_transition", "tree_decode"]
+__all__ = ["SCHEMES", "draft_tree", "draft_on_shape", "tree_paths", "tree_rows", "tree_block", "tree_transition",
+           "tree_decode"]
 
 SCHEMES = ("topk", "iid", "without_replacement")
 
@@ -85,6 +89,29 @@ def draft_tree(widths, draft_row, scheme: str, rng):
                 nxt.append(len(parents) - 1)
         level = nxt
     return DraftTree(tuple(parents), tuple(tokens)), np.stack(q_rows), paths
+
+
+def draft_on_shape(tree: DraftTree, q_rows, scheme: str, rng) -> DraftTree:
+    """A tree of ``tree``'s shape whose children are drawn afresh: node ``i``'s children, in node
+    order, are ``len(children)`` draws from ``q_rows[i]`` ([N, V]) under ``scheme`` (``"iid"`` or
+    ``"without_replacement"``).  The rows stay with the node, whatever token it now carries."""
+    if scheme not in ("iid", "without_replacement"):
+        raise SpecrefError(f"scheme must be 'iid' or 'without_replacement' to redraw a tree, got {scheme!r}")
+    tokens = list(tree.tokens)
+    for node in range(tree.size):
+        kids = tree.children(node)
+        if kids:
+            for c, x in zip(kids, _children(q_rows[node], len(kids), scheme, rng)):
+                tokens[c] = int(x)
+    return DraftTree(tree.parents, tuple(tokens))
+
+
+def tree_paths(tree: DraftTree) -> list[tuple]:
+    """Node ``i``'s path of tokens from the root (``()`` for the root): the context its rows follow."""
+    paths = [()]
+    for i in range(1, tree.size):
+        paths.append(paths[tree.parents[i]] + (tree.tokens[i],))
+    return paths
 
 
 def tree_rows(target_row, paths):

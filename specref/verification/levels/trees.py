@@ -12,6 +12,12 @@
    vocabulary, emits the path's tokens and the next token, and completes the block to
    ``depth + 1`` tokens by target sampling.
 
+A :class:`UserTreeCase` hands in the user's own drafted tree instead (parents and tokens per
+slot with -1 padding, or SGLang's links; a draft row per node or None; how the children were
+drafted): a deterministic tree (``"topk"``, ``"deterministic"``) is handed to every call as it
+is, a sampled one (``"iid"``, ``"without_replacement"``) keeps its shape and rows and has its
+children redrawn from them on every call, since the target law holds only over the drafting.
+
 The completed block must have the target law of ``depth + 1`` tokens.  Exact mode
 enumerates every draft and every coin (the implementation's ``rng`` is the
 enumerator's); statistical mode samples N blocks and runs the pooled G-test of
@@ -47,13 +53,14 @@ from itertools import islice
 
 import numpy as np
 
-from specref.core.errors import SpecrefError, SpecrefTypeError, check_positive_int
+from specref.core.backend import to_numpy
+from specref.core.errors import SpecrefError, SpecrefTypeError, check_positive_int, check_prob_rows
 from specref.core.numbers import is_exact
 from specref.core.sampling import SamplingConfig
 from specref.core.step import draw
-from specref.core.tree import DraftTree, to_sglang
+from specref.core.tree import DraftTree, from_padded, sglang_slots, to_sglang
 from specref.decoding.chain import next_token_probs
-from specref.decoding.tree import SCHEMES, draft_tree, tree_rows
+from specref.decoding.tree import SCHEMES, draft_on_shape, draft_tree, tree_paths, tree_rows
 from specref.verification.running.calling import Misbehaved, call, foreign
 from specref.verification.laws.enumeration import target_law
 from specref.verification.levels.runner import exact_verdict, run_cases, sampled_verdict
@@ -61,7 +68,8 @@ from specref.verification.running.level import Level
 from specref.verification.running.report import INVALID
 from specref.verification.cases.tables import ProbTable
 
-__all__ = ["TreeCase", "tree_cases", "from_coins", "sglang_style_kernel", "check_tree", "tree_program",
+__all__ = ["TreeCase", "tree_cases", "UserTreeCase", "user_tree_cases", "USER_DRAFTINGS", "TREE_TIES",
+           "from_coins", "sglang_style_kernel", "check_tree", "tree_program",
            "batched_reference_kernel", "tree_batch_program", "run_tree_batch", "parse_tree_output",
            "parse_tree_batch_output", "MAX_TREE_NODES"]
 
@@ -167,6 +175,225 @@ def tree_cases(drafting: str = "topk") -> list[TreeCase]:
     return cases
 
 
+# ---------------------------------------------------------------- user-built trees
+
+
+USER_DRAFTINGS = ("topk", "deterministic", "iid", "without_replacement")
+"""How a user-built tree's children were drafted (SPEC §12.4): ``"topk"`` -- chosen without the
+coins, distinct (the draft's most likely tokens); ``"deterministic"`` -- chosen without the coins,
+a token may repeat under one parent (top-k with replacement, merged beams, a hand-built tree);
+``"iid"`` -- i.i.d. draws from the node's q row; ``"without_replacement"`` -- draws without
+replacement from it."""
+
+TREE_TIES = ("any", "lowest")
+"""How a ``"topk"`` tree's children rank q's ties, checked when its q rows are given: ``"any"`` --
+no token left out is more likely than a child; ``"lowest"`` -- the children, in sibling order,
+are q's most likely tokens with ties to the lowest id (:func:`~specref.decoding.tree.draft_tree`)."""
+
+
+@dataclass(frozen=True)
+class UserTreeCase:
+    """A tree the user drafted, judged on the target law of ``depth + 1`` tokens (SPEC §12.4).
+
+    The target table scores every node (``p_target``); the user gives the tree per slot --
+    ``parents``, ``tokens`` (node 0 the root; a padded slot has both -1), or
+    :meth:`from_sglang` -- the draft row each node's children came from (``q_draft [slots, V]``,
+    padded rows ignored; None: point masses, deterministic drafting only) and how they came
+    (``drafting``, one of :data:`USER_DRAFTINGS`; ``ties``, one of :data:`TREE_TIES`).  Validated
+    on construction: every error names the node (its slot) and the field.  The implementation
+    gets the tree without its padding (nodes in slot order) and the q rows of its nodes (None if
+    none were given).
+    """
+
+    name: str
+    target: np.ndarray  # the target table, [V] * (h + 1)
+    parents: tuple  # per slot; parents[0] = -1
+    tokens: tuple  # per slot; tokens[0] = -1 (the root carries no draft)
+    q_draft: np.ndarray | None = None  # [slots, V] or None (point masses)
+    drafting: str = "topk"  # USER_DRAFTINGS
+    prompt: tuple = (0,)
+    ties: str = "any"  # TREE_TIES: read for "topk" trees with q rows
+    tables: str = "probs"  # the target table holds final distributions
+
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise SpecrefTypeError(f"UserTreeCase name must be a string, got {self.name!r:.80}")
+        for field, value, known in (("drafting", self.drafting, USER_DRAFTINGS), ("ties", self.ties, TREE_TIES)):
+            if not isinstance(value, str) or value not in known:
+                raise SpecrefError(f"UserTreeCase {self.name!r}: {field} must be one of {known}, got {value!r:.80}")
+        object.__setattr__(self, "prompt", _prompt(self.name, self.prompt))
+        if not hasattr(self.target, "shape"):
+            raise SpecrefTypeError(f"UserTreeCase {self.name!r}: target must be an array of next-token rows, "
+                                   f"got {type(self.target).__name__}")
+        table = ProbTable(self.target)  # validates the table
+        try:
+            tree, slots = from_padded(self.parents, self.tokens)
+            rows = _user_rows(tree, slots, len(self.parents), self.q_draft, self.drafting, self.ties, table.table)
+        except SpecrefError as e:
+            raise SpecrefError(f"UserTreeCase {self.name!r}: {e}") from None
+        object.__setattr__(self, "parents", tuple(int(v) for v in self.parents))
+        object.__setattr__(self, "tokens", tuple(int(v) for v in self.tokens))
+        object.__setattr__(self, "_drafted", (tree, slots, rows))
+
+    @classmethod
+    def from_sglang(cls, name, target, candidates, retrive_next_token, retrive_next_sibling, **options):
+        """The case of a tree in SGLang's layout (a slot no link reaches, with candidate -1, is padding)."""
+        try:
+            parents, tokens = sglang_slots(candidates, retrive_next_token, retrive_next_sibling)
+        except SpecrefError as e:
+            raise SpecrefError(f"UserTreeCase {name!r}: {e}") from None
+        return cls(name, target, parents, tokens, **options)
+
+    @property
+    def tree(self) -> DraftTree:
+        """The tree without its padding, nodes numbered in slot order."""
+        return self._drafted[0]
+
+    @property
+    def slots(self) -> tuple:
+        """``slots[j]``: the slot of node ``j``."""
+        return self._drafted[1]
+
+    @property
+    def q_rows(self):
+        """``[N, V]``: the q rows of the nodes (None for point masses)."""
+        return self._drafted[2]
+
+    @property
+    def sampled(self) -> bool:
+        return self.drafting in ("iid", "without_replacement")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.shape[-1]
+
+    @property
+    def depth(self) -> int:
+        return self.tree.depth()
+
+    def models(self):
+        return ProbTable(self.target), None
+
+    def as_float(self) -> "UserTreeCase":
+        q = None if self.q_draft is None else np.asarray(to_numpy(self.q_draft), dtype=np.float64)
+        return replace(self, target=np.asarray(self.target, dtype=np.float64), q_draft=q)
+
+    def __repr__(self):
+        return (f"UserTreeCase({self.name!r}, V={self.vocab_size}, nodes={self.tree.size}, "
+                f"drafting={self.drafting!r}, q={'given' if self.q_rows is not None else 'None'}, "
+                f"prompt={self.prompt})")
+
+
+def _user_rows(tree, slots, n_slots, q_draft, drafting, ties, target):
+    """The q rows of ``tree``'s nodes (``[N, V]``, None for point masses), after the checks that name
+    the node (its slot) and the field: tokens in the vocabulary, distinct children where the drafting
+    needs them, q rows per slot that are distributions, positive at each drafted token, and for
+    ``"topk"`` the children's rank in q under ``ties``."""
+    V = target.shape[-1]
+    for j in range(1, tree.size):
+        if tree.tokens[j] >= V:
+            raise SpecrefError(f"node {slots[j]}: token {tree.tokens[j]} is outside the vocabulary 0..{V - 1} "
+                               f"(tokens[{slots[j]}])")
+    if drafting in ("topk", "without_replacement"):
+        _distinct_children(tree, slots, drafting)
+    if q_draft is None:
+        if drafting in ("iid", "without_replacement"):
+            raise SpecrefError(f"drafting {drafting!r} samples the children from q: q_draft [slots, V] is needed, "
+                               f"got None (q_draft)")
+        return None
+    q = to_numpy(q_draft)
+    if getattr(q, "ndim", None) != 2 or q.shape != (n_slots, V):
+        raise SpecrefError(f"q_draft must have shape [slots, V] = [{n_slots}, {V}] (one row per slot, padded slots "
+                           f"included), got {getattr(q, 'shape', type(q).__name__)} (q_draft)")
+    if is_exact(q) != is_exact(target):
+        raise SpecrefError("q_draft and the target table must both be Fraction (object) rows or both float rows "
+                           "(q_draft)")
+    rows = []
+    for s in slots:
+        try:
+            rows.append(check_prob_rows("q_draft", q[s:s + 1])[0])
+        except SpecrefError as e:  # its message names row 0 of the one-row table: name the slot's row instead
+            detail = str(e).replace("q_draft row 0", "it").replace("q_draft[0]", f"q_draft[{s}]")
+            raise SpecrefError(f"node {s}: q_draft[{s}] is not a distribution: {detail} (q_draft[{s}])") from None
+    rows = np.stack(rows) if is_exact(q) else np.stack(rows).astype(np.float64)
+    for j in range(1, tree.size):
+        a, x = tree.parents[j], tree.tokens[j]
+        if rows[a, x] == 0:
+            raise SpecrefError(f"node {slots[j]}: token {x} has q_draft[{slots[a]}, {x}] = 0 at its parent "
+                               f"{slots[a]}: the draft cannot have proposed it (q_draft[{slots[a]}][{x}])")
+    if drafting == "topk":
+        _check_topk(tree, slots, rows, ties)
+    return rows
+
+
+def _distinct_children(tree, slots, drafting):
+    for node in range(tree.size):
+        seen = {}
+        for c in tree.children(node):
+            x = tree.tokens[c]
+            if x in seen:
+                raise SpecrefError(f"node {slots[node]}: children {slots[seen[x]]} and {slots[c]} both carry token "
+                                   f"{x}; drafting {drafting!r} draws distinct children (tokens[{slots[c]}])")
+            seen[x] = c
+
+
+def _check_topk(tree, slots, rows, ties):
+    """SpecrefError naming the child when a ``"topk"`` node's children are not q's most likely tokens."""
+    V = rows.shape[1]
+    for node in range(tree.size):
+        kids = tree.children(node)
+        if not kids:
+            continue
+        q, chosen = rows[node], [tree.tokens[c] for c in kids]
+        if ties == "lowest":
+            ranked = sorted(range(V), key=lambda j: (-q[j], j))
+            for rank, (c, x) in enumerate(zip(kids, chosen)):
+                if x != ranked[rank]:
+                    raise SpecrefError(f"node {slots[c]}: token {x} is child {rank} of node {slots[node]}, but the "
+                                       f"draft's rank-{rank} token under ties='lowest' is {ranked[rank]} "
+                                       f"(q_draft[{slots[node]}]); not a top-{len(kids)} tree (tokens[{slots[c]}])")
+            continue
+        left = [j for j in range(V) if j not in set(chosen)]
+        weakest = min(range(len(kids)), key=lambda i: q[chosen[i]])
+        if left and max(q[j] for j in left) > q[chosen[weakest]]:
+            best = max(left, key=lambda j: q[j])
+            c = kids[weakest]
+            raise SpecrefError(f"node {slots[c]}: token {chosen[weakest]} (q = {q[chosen[weakest]]}) is a child of "
+                               f"node {slots[node]} but token {best} (q = {q[best]}) is more likely and is not: not a "
+                               f"top-{len(kids)} tree (tokens[{slots[c]}], q_draft[{slots[node]}])")
+
+
+def _slot_rows(table, prompt, tokens):
+    """``[slots, V]``: each slot's row of a bigram ``table`` (after its token; the root after the prompt;
+    zeros at padded slots) -- the q rows of the default user trees."""
+    V = table.shape[-1]
+    zero = np.array([Fraction(0)] * V, dtype=object)
+    return np.stack([table[prompt[-1]] if i == 0 else (zero if t == -1 else table[t]) for i, t in enumerate(tokens)])
+
+
+def user_tree_cases() -> list[UserTreeCase]:
+    """One small user-built tree of each kind (bigram tables of :func:`tree_cases`, V = 3): top-k with and
+    without q rows, deterministic with repeated tokens, SGLang links with padded slots, i.i.d. and
+    without-replacement trees."""
+    p = _frac([["1/5", "1/2", "3/10"], ["1/2", "1/4", "1/4"], ["1/3", "1/3", "1/3"]])
+    q = _frac([["3/5", "3/10", "1/10"], ["1/6", "1/2", "1/3"], ["1/4", "1/2", "1/4"]])
+    topk = ((-1, 0, 0, 1, 1, 2, 2), (-1, 0, 1, 0, 1, 1, 2))  # draft_tree's (2, 2) top-k tree of q
+    repeats = ((-1, 0, 0, 0, 1, 3, 3), (-1, 1, 2, 1, 0, 2, 2))  # token 1 twice under the root, 2 twice under 3
+    links = ([0, 1, -1, 0, 1, -1], [1, 4, -1, -1, -1, -1], [-1, 3, -1, -1, -1, -1])  # slots 2 and 5 padded
+    iid = ((-1, 0, 0, 0, 1), (-1, 0, 0, 2, 1))  # one draw: token 0 twice under the root
+    without = ((-1, 0, 0, 1, 2), (-1, 0, 1, 1, 2))
+    return [
+        UserTreeCase("topk-with-q", p, *topk, q_draft=_slot_rows(q, (0,), topk[1]), ties="lowest"),
+        UserTreeCase("topk-point-mass", p, *topk),
+        UserTreeCase("deterministic-repeats", p, *repeats, q_draft=_slot_rows(q, (0,), repeats[1]),
+                     drafting="deterministic"),
+        UserTreeCase.from_sglang("sglang-padded", p, *links, q_draft=_slot_rows(q, (0,), [-1] + links[0][1:])),
+        UserTreeCase("iid", p, *iid, q_draft=_slot_rows(q, (0,), iid[1]), drafting="iid"),
+        UserTreeCase("without-replacement", p, *without, q_draft=_slot_rows(q, (0,), without[1]),
+                     drafting="without_replacement"),
+    ]
+
+
 def memo_rows(prompt, config=SamplingConfig()):
     """``row(model, path) -> next-token row`` after ``prompt + path``, each computed once."""
     memo: dict = {}
@@ -238,6 +465,11 @@ def parse_tree_output(out, tree, V, *, what="tree_step_fn"):
         path, token = _pair(out)
         nodes = _index_list(path, tree.size)
         token = _index(token)
+    inner = _inner_padding(nodes)
+    if inner is not None:
+        raise Misbehaved(INVALID, f"{what} returned {_short(out)}: path[{inner[0]}] = -1 but accepted node {inner[1]} "
+                                  f"follows it (accept_index[{inner[0] + 1}] of a coin-fed kernel); only trailing -1 "
+                                  f"is padding")
     try:
         nodes = tree.check_path(nodes)
     except SpecrefError as e:
@@ -247,7 +479,7 @@ def parse_tree_output(out, tree, V, *, what="tree_step_fn"):
     return nodes, token
 
 
-def tree_program(fn, case: TreeCase, time_limit, *, max_paths: int | None = None):
+def tree_program(fn, case, time_limit, *, max_paths: int | None = None):
     """``(program(rng, impl_rng), expected law)`` for one case (the tree level's criterion).
 
     Each call gets its own copy of the drafted tree and read-only copies of the rows; the output
@@ -260,7 +492,9 @@ def tree_program(fn, case: TreeCase, time_limit, *, max_paths: int | None = None
     return program, target_law(target, list(case.prompt), SamplingConfig(), case.depth + 1, **law_budget)
 
 
-def _tree_program(fn, case: TreeCase, time_limit):
+def _tree_program(fn, case, time_limit):
+    if isinstance(case, UserTreeCase):
+        return _user_tree_program(fn, case, time_limit)
     target, draft = case.models()
     V, prompt, depth = case.vocab_size, list(case.prompt), case.depth
     config = SamplingConfig()
@@ -269,29 +503,66 @@ def _tree_program(fn, case: TreeCase, time_limit):
     def program(rng, impl_rng):
         tree, q_draft, paths = draft_tree(case.widths, lambda path: row(draft, path), case.drafting, rng)
         p_target = tree_rows(lambda path: row(target, path), paths)
-        q_arg = None if case.drafting == "topk" else _read_only(q_draft)
-        path, token = call(fn, (_twin(tree), _read_only(p_target), q_arg, impl_rng), {}, time_limit,
-                           convert=lambda out: parse_tree_output(out, tree, V), read_only=True)
-        block = [tree.tokens[n] for n in path] + [int(token)]
-        while len(block) < depth + 1:  # complete by target sampling
-            block.append(draw(rng, row(target, tuple(block))))
-        return tuple(block)
+        q_arg = None if case.drafting == "topk" else q_draft
+        return _judged_block(fn, tree, p_target, q_arg, impl_rng, rng, lambda path: row(target, path), V, depth,
+                             time_limit)
 
     return program
 
 
+def _user_tree_program(fn, case: "UserTreeCase", time_limit):
+    """The program of a user-built tree: the tree as given (deterministic drafting) or its shape with
+    children redrawn from its q rows (sampled drafting), scored by the target table."""
+    target, _ = case.models()
+    V, depth, tree, q_rows = case.vocab_size, case.depth, case.tree, case.q_rows
+    row = memo_rows(list(case.prompt), SamplingConfig())
+
+    def program(rng, impl_rng):
+        drafted = draft_on_shape(tree, q_rows, case.drafting, rng) if case.sampled else tree
+        p_target = tree_rows(lambda path: row(target, path), tree_paths(drafted))
+        return _judged_block(fn, drafted, p_target, q_rows, impl_rng, rng, lambda path: row(target, path), V, depth,
+                             time_limit)
+
+    return program
+
+
+def _judged_block(fn, tree, p_target, q_arg, impl_rng, rng, target_row, V, depth, time_limit):
+    """One guarded call on its own copies of the tree and rows, its output parsed against ``tree``,
+    and the block completed to ``depth + 1`` tokens by target sampling (``target_row(path) -> [V]``)."""
+    path, token = call(fn, (_twin(tree), _read_only(p_target), _read_only(q_arg), impl_rng), {}, time_limit,
+                       convert=lambda out: parse_tree_output(out, tree, V), read_only=True)
+    block = [tree.tokens[n] for n in path] + [int(token)]
+    while len(block) < depth + 1:
+        block.append(draw(rng, target_row(tuple(block))))
+    return tuple(block)
+
+
 def _validate(case):
-    if not isinstance(case, TreeCase):
-        raise SpecrefError(f"tree-level cases must be TreeCase objects, got {case!r:.200}")
-    target, draft = case.models()  # validates the tables
+    if isinstance(case, UserTreeCase):  # its tree and rows were validated on construction
+        _check_prompt(case)
+        return
+    _validate_batch(case)
+
+
+def _check_prompt(case):
     V = case.vocab_size
-    if case.draft.shape != case.target.shape:
-        raise SpecrefError(f"case {case.name!r}: draft table shape {case.draft.shape} != target {case.target.shape}")
     if len(case.prompt) < case.target.ndim - 1:
         raise SpecrefError(f"case {case.name!r}: prompt {case.prompt} is shorter than the tables' context "
                            f"({case.target.ndim - 1} tokens)")
     if max(case.prompt) >= V:
         raise SpecrefError(f"case {case.name!r}: prompt {case.prompt} holds a token outside the vocabulary 0..{V - 1}")
+
+
+def _validate_batch(case):
+    """A :class:`TreeCase` (the ``tree_batch`` level drafts every tree itself)."""
+    if not isinstance(case, TreeCase):
+        raise SpecrefError(f"tree-level cases must be TreeCase (or, at the tree level, UserTreeCase) objects, "
+                           f"got {case!r:.200}")
+    target, draft = case.models()  # validates the tables
+    V = case.vocab_size
+    if case.draft.shape != case.target.shape:
+        raise SpecrefError(f"case {case.name!r}: draft table shape {case.draft.shape} != target {case.target.shape}")
+    _check_prompt(case)
     if case.drafting == "topk" and max(case.widths) > V:
         raise SpecrefError(f"case {case.name!r}: topk drafting needs widths <= V = {V}, got {case.widths}")
     if case.drafting == "without_replacement":
@@ -355,7 +626,9 @@ def from_coins(kernel):
     ``kernel(candidates [N], retrive_next_token [N], retrive_next_sibling [N],
     uniform_samples [N], uniform_final, target_probs [N, V]) -> (accept_index, next_token)``,
     where ``accept_index`` lists the root (0) and then the accepted nodes, padded with
-    -1.  The coins are drawn from ``rng`` -- lazy uniforms in exact mode, so the kernel
+    -1.  Only trailing -1 is padding: the path handed on keeps a -1 that an accepted node
+    follows, which :func:`parse_tree_output` makes ``invalid output`` naming its position.
+    The coins are drawn from ``rng`` -- lazy uniforms in exact mode, so the kernel
     may only compare them with thresholds; coins it never reads open no branch.
     """
 
@@ -367,10 +640,25 @@ def from_coins(kernel):
         accept_index = [int(i) for i in accept_index]
         if not accept_index or accept_index[0] != 0:
             raise SpecrefError(f"accept_index must start with the root 0, got {accept_index}")
-        return [i for i in accept_index[1:] if i != -1], int(token)
+        return _unpadded(accept_index)[1:], int(token)
 
     tree_step_fn.__name__ = f"from_coins({getattr(kernel, '__name__', 'kernel')})"
     return tree_step_fn
+
+
+def _unpadded(accept_index: list) -> list:
+    """``accept_index`` without its trailing -1 padding (a -1 before an accepted node stays)."""
+    end = len(accept_index)
+    while end > 0 and accept_index[end - 1] == -1:
+        end -= 1
+    return accept_index[:end]
+
+
+def _inner_padding(nodes: list):
+    """``(position, node)``: the first -1 in ``nodes`` that an accepted node follows, and the last
+    such node; None when every -1 trails."""
+    inner = _unpadded(nodes)
+    return (inner.index(-1), inner[-1]) if -1 in inner else None
 
 
 def sglang_style_kernel(candidates, retrive_next_token, retrive_next_sibling, uniform_samples, uniform_final,
@@ -482,8 +770,12 @@ def parse_tree_batch_output(out, trees, V, *, what="kernel"):
         raise Misbehaved(INVALID, f"{what} returned {len(tokens)} next tokens for a batch of {batch}: {_short(out)}")
     parsed = []
     for b, (accept, token) in enumerate(zip(rows, tokens)):
+        inner = _inner_padding(accept)
+        if inner is not None:
+            raise Misbehaved(INVALID, f"{what} returned row {b}: accept_index[{b}][{inner[0]}] = -1 but accepted node "
+                                      f"{inner[1]} follows it; only trailing -1 is padding: {_short(out)}")
         try:
-            path = trees[b].check_path([i for i in accept[1:] if i != -1])
+            path = trees[b].check_path(_unpadded(accept)[1:])
         except SpecrefError as e:
             raise Misbehaved(INVALID, f"{what} returned row {b}: {e}: {_short(out)}") from None
         if not 0 <= token < V:
@@ -541,7 +833,7 @@ def run_tree_batch(spec, kernel, cases, settings, *, batch: int = 2):
     """The ``tree_batch`` level: exact (coins as lazy uniforms) or statistical, through the one runner;
     the joint law is built inside the case, within ``max_paths`` (else ``over budget``)."""
     check_positive_int("batch", batch)
-    return run_cases(spec, cases, settings, validate=_validate, fn=kernel,
+    return run_cases(spec, cases, settings, validate=_validate_batch, fn=kernel,
                      exact=lambda case: partial(_batch_exact, kernel, case, batch, settings),
                      statistical=lambda case, seed: partial(_batch_sampled, kernel, case, batch, settings, seed))
 

@@ -20,6 +20,20 @@ dirty_scratch              topk      running-sum kernel with an uninitialised sc
 node_row_off_by_one        topk      node ``c``'s children judged against ``p_target[c + 1]``
 rules_reordered            topk      verification rows processed top-p before top-k
 =========================  ========  ======================================================
+
+Wrong engines on user-built trees (:data:`USER_TREE_BUGS`, level ``"user_tree"``: their cases
+are :func:`~specref.verification.levels.trees.user_tree_cases` of their drafting):
+
+=========================  =============  =================================================
+name                       drafting       what is wrong
+=========================  =============  =================================================
+min_p_over_q_on_topk       topk           ``min(1, p/q)`` and the residual ``max(p - q, 0)``
+                                          applied to top-k children whenever q is handed in
+duplicates_counted_twice   deterministic  running-sum kernel: a repeated token's bucket is
+                                          added again
+dedup_adjacent_only        deterministic  running sum that skips a repeated token only next
+                                          to its first copy (enough for a sorted list)
+=========================  =============  =================================================
 """
 
 from __future__ import annotations
@@ -34,10 +48,10 @@ from specref.core.numbers import is_exact
 from specref.core.sampling import SamplingConfig, process_probs
 from specref.core.step import draw
 from specref.core.tree import ROOT
-from specref.core.tree_verify import positive_residual
+from specref.core.tree_verify import pointmass_verify, positive_residual, rrs_with_replacement
 from specref.verification.levels.trees import from_coins, sglang_style_kernel
 
-__all__ = ["TreeBug", "TREE_BUGS", "tree_bugs", "reordered_target_row", "REORDER_CONFIG"]
+__all__ = ["TreeBug", "TREE_BUGS", "USER_TREE_BUGS", "tree_bugs", "reordered_target_row", "REORDER_CONFIG"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +60,7 @@ class TreeBug:
     fn: Callable  # tree_step_fn, or for level "decoder" a target_row hook (model, tokens, config) -> [V]
     drafting: str  # the drafting scheme of its cases
     description: str
-    level: str = "tree"  # "tree" (oracle tree level) or "decoder" (tree decoding loop)
+    level: str = "tree"  # "tree" (oracle tree level), "decoder" (tree decoding loop), "user_tree" (user-built trees)
 
 
 def bonus_from_stale_residual(tree, p_target, q_draft, rng):
@@ -184,6 +198,67 @@ TREE_BUGS = {b.name: b for b in [
     TreeBug("rules_reordered", reordered_target_row, "topk",
             "verification rows processed top-p before top-k, plain sampling top-k first", level="decoder"),
 ]}
+
+
+def min_p_over_q_on_topk(tree, p_target, q_draft, rng):
+    """One verify path for every tree: whenever q rows are handed in, SpecInfer's RRS --
+    accept w.p. ``min(1, p~/q)``, residual ``norm(max(p~ - q, 0))`` -- even for top-k children,
+    which were chosen without coins (point masses, not draws from q)."""
+    if q_draft is None:
+        return pointmass_verify(tree, p_target, None, rng)
+    return rrs_with_replacement(tree, p_target, q_draft, rng, check=False)  # BUG: q used for top-k children
+
+
+def _any_repeat(x, tried, previous):
+    """(reference) A token already tried at this node is skipped: its bucket was counted once."""
+    return x in tried
+
+
+def _adjacent_repeat(x, tried, previous):
+    return x == previous  # BUG: only a repeat of the sibling just before is skipped
+
+
+def _running_sum_loop(tree, p_target, rng, *, skip=_any_repeat):
+    """SGLang's running-sum point mass as a ``tree_step_fn``: one coin per node, child ``i`` accepted
+    when the coin falls in its bucket ``p(x_i)``, the next token from the target with the tried
+    tokens removed; ``skip(x, tried, previous)`` says which repeated child is left out."""
+    path, node = [], ROOT
+    while True:
+        p, u = p_target[node], rng.random()
+        runsum, previous, tried, chosen = 0 * p[0], None, [], None
+        for c in tree.children(node):
+            x = tree.tokens[c]
+            if skip(x, tried, previous):
+                continue
+            previous = x
+            runsum = runsum + p[x]
+            if u < runsum:
+                chosen = c
+                break
+            tried.append(x)
+        if chosen is None:
+            rest = p.copy()
+            rest[tried] = 0
+            return path, draw(rng, rest / rest.sum())
+        path.append(chosen)
+        node = chosen
+
+
+def dedup_adjacent_only(tree, p_target, q_draft, rng):
+    """The running-sum point mass that skips a repeated token only when it repeats the sibling just
+    before it -- enough for a sorted top-k list, wrong for siblings ``[a, b, a]``."""
+    return _running_sum_loop(tree, p_target, rng, skip=_adjacent_repeat)
+
+
+USER_TREE_BUGS = {b.name: b for b in [
+    TreeBug("min_p_over_q_on_topk", min_p_over_q_on_topk, "topk",
+            "min(1, p/q) and the q residual applied to top-k children", level="user_tree"),
+    TreeBug("duplicates_counted_twice", from_coins(_kernel_without_check), "deterministic",
+            "running-sum kernel adds a repeated token's bucket again", level="user_tree"),
+    TreeBug("dedup_adjacent_only", dedup_adjacent_only, "deterministic",
+            "running sum skips a repeated token only next to its first copy", level="user_tree"),
+]}
+"""Wrong engines on user-built trees, each detected in exact mode on its drafting's user trees."""
 
 
 def tree_bugs(level: str | None = None) -> list[TreeBug]:
