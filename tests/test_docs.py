@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 OUT = ROOT / "benchmarks" / "out"
-SETUP = "pip install -e . && python -m specref.verify\npip install -e '.[test,hf]' && python -m pytest"
+SETUP = "pip install -e . && python -m specref.verify\npip install -e '.[test,hf,engines]' && python -m pytest"
 
 
 def sphinx(builder: str, src: Path, out: Path, doctrees: Path, *, strict: bool = True):
