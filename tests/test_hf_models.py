@@ -262,3 +262,21 @@ def test_the_hand_written_loop_reads_config_and_cache_exactly():
     out = hf_style_decode(t, d, torch.tensor([list(case.prompt)]), gamma=2, max_new_tokens=3)
     assert len(out) == 3 and all(0 <= x < 3 for x in out)
     assert [n for _, n in t.calls] == [len(case.prompt) + 2, 3][: len(t.calls)]  # prompt + drafts, then 1 + drafts
+
+
+def test_a_disagreeing_config_is_named_by_both_classes_and_at_the_decoder_level():
+    from specref.core.errors import SpecrefError
+
+    h, _ = case_hf_models(POSITION)
+    h.config.vocab_size = 4
+    with pytest.raises(SpecrefError, match=r"config.vocab_size is 4 but the model's logits have V = 3"):
+        h(torch.tensor([[0]]))
+
+    @torch_seeded
+    def decode(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng):
+        t, d = torch_models(target, draft)
+        t.config.vocab_size = d.config.vocab_size = 7  # models whose config is not their logits' width
+        return hf_style_decode(t, d, torch.tensor([prompt]), gamma=k, max_new_tokens=max_new_tokens)
+
+    r = check_decoder(decode, cases=[POSITION], mode="statistical", samples=20, isolate=False).results[0]
+    assert r.status == "raised" and "config.vocab_size is 7 but the model's logits have V = 3" in r.detail, r

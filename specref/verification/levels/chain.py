@@ -17,7 +17,7 @@ Each case becomes a randomized program with the exact law it must have (``Level.
 it in seeded shards and G-tests the counts (statistical mode).
 
 **Calls in batches.**  An implementation may take ``n`` samples per call
-(:func:`declare_batch`, or an attribute ``fn.specref_batch = n``): in statistical mode the
+(``check(..., batch=n)``, :func:`declare_batch`, or an attribute ``fn.specref_batch = n``): in statistical mode the
 oracle then calls it once per ``n`` samples, with the rows stacked --
 
 - step: ``step_fn(p_target [n, K+1, V], q_draft [n, K, V], draft_tokens [n, K], seeds [n])``;
@@ -27,8 +27,9 @@ oracle then calls it once per ``n`` samples, with the rows stacked --
 each returning ``n`` token lists (or an ``[n, L]`` array padded at the end with ``-1``).
 ``seeds`` is a NumPy int64 array, one seed per sample.  A call never spans two blocks of
 :data:`~specref.verification.statistics.shards.BLOCK` samples, so ``n`` above 1024 is cut to
-1024.  In exact mode (and for :func:`~specref.verification.campaigns.planning.plan`) such an
-implementation gets batches of one, with ``seeds = [rng]``.
+1024.  In exact mode (and in an exact-mode :func:`~specref.verification.campaigns.planning.plan`)
+such an implementation gets batches of one, with ``seeds = [rng]``; a statistical plan times
+calls of the declared batch.
 
 **Seeds and coins in statistical mode** (the same for one call per sample and for calls in
 batches, so the counts are identical for the same seed whatever the batch size, when the
