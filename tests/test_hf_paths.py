@@ -24,7 +24,17 @@ against the case's own law (``CaseResult.detectable_tv``, asserted below):
   ``AttributeError`` inside HF as shipped (status ``raised``); repaired, 27 outcomes, ``N = 400``
   (TV >= 0.22).
 
-About 35 s in all.
+- paths that need a real architecture, built here with random weights at the smallest
+  configuration transformers takes (V = 3, hidden size 16, one or two layers; the MTP checkpoint
+  written to a temporary directory): the case's target table holds the target's own rows,
+  recomputed without a cache (:func:`~specref.adapters.hf_paths.model_table`), 27 outcomes;
+  MTP (``use_mtp``, top-k 2, K = 1) and DFlash (``speculation_type="dflash"``, top-k 2, K = 2) at
+  ``N = 300`` (TV >= 0.19 and 0.17), greedy ``N = 20``; Gemma 4's assistant
+  (``SinglePositionMultiTokenCandidateGenerator``) with sampling is flagged at ``N = 300``
+  (p about 1e-12 at N = 400): it drafts the argmax of the assistant's logits and hands their
+  softmax on as the draft's distribution, which the white-box test shows.
+
+About 70 s in all.
 """
 
 import numpy as np
@@ -35,12 +45,16 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from specref.adapters.hf_paths import (  # noqa: E402
+    HFDFlash,
     HFEarlyExit,
     HFEnsemble,
+    HFGemma4,
+    HFMTP,
     HFPromptLookup,
     HFUniversal,
     ensemble_law,
     hf_tokenizer,
+    model_table,
     path_cases,
     repaired_translator,
     target_logit_columns,
@@ -205,3 +219,84 @@ def test_a_path_refused_for_its_models_is_a_named_status_not_a_traceback():
     target, _ = CASES["early-exit-top-k"].models()
     with pytest.raises(SpecrefError, match="draft's V"):  # early exit drafts with the target's own vocabulary
         early_exit_model(target, LogitTable(np.zeros((4, 4))))
+
+
+# ---------------------------------------------------------------- real architectures: MTP, DFlash, Gemma 4
+
+
+@pytest.fixture(scope="module")
+def arch():
+    """One built path of each kind for the module (building MTP writes and reloads a checkpoint)."""
+    return {cls: cls() for cls in (HFMTP, HFDFlash, HFGemma4)}
+
+
+def test_the_case_table_is_the_targets_own_rows_as_generate_computes_them(arch):
+    # two routes to the same rows: the table (every prefix recomputed, no cache) and the logits
+    # plain greedy generate returns (one cached forward per token)
+    import torch
+
+    for impl in arch.values():
+        case = impl.case("c")
+        model = impl.target_model()
+        out = model.generate(torch.tensor([list(case.prompt)]), do_sample=False, max_new_tokens=3, pad_token_id=0,
+                             output_logits=True, return_dict_in_generate=True)
+        tokens = out.sequences[0].tolist()
+        for j, row in enumerate(out.logits):
+            prefix = tokens[: len(case.prompt) + j]
+            assert np.allclose(case.target[tuple(prefix[-len(case.prompt):])], row[0].numpy(), atol=1e-4), impl
+
+
+@pytest.mark.parametrize("cls, k, tv", [(HFMTP, 1, 0.19), (HFDFlash, 2, 0.17)], ids=["mtp", "dflash"])
+def test_mtp_and_dflash_preserve_the_target_law(arch, cls, k, tv):
+    impl = arch[cls]
+    case = impl.case(cls.__name__, config=SamplingConfig(top_k=2), k=k)  # the drafts go through the processors too
+    impl.target_calls.clear()
+    report, result = check(impl, case, 300)
+    assert report.ok, report
+    assert result.detectable_tv < tv  # planned power 0.9 at alpha 1e-3 against this case's own law
+    assert min(impl.target_calls) < case.max_new_tokens  # a draft was accepted
+
+
+def test_gemma4_sampling_loses_the_target_law(arch):
+    report, result = check(arch[HFGemma4], arch[HFGemma4].case("gemma4"), 300)
+    assert not report.ok and result.status == "differs", report
+
+
+def test_gemma4_drafts_the_argmax_and_hands_on_the_softmax_as_its_distribution(arch, monkeypatch):
+    import transformers.generation.utils as generation
+
+    seen = []
+    original = generation._speculative_sampling
+
+    def spy(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):
+        drafted = candidate_input_ids[0, -candidate_length:]
+        seen.append((drafted.tolist(), candidate_logits[0].argmax(-1).tolist(), candidate_logits[0].softmax(-1).max()))
+        return original(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs)
+
+    monkeypatch.setattr(generation, "_speculative_sampling", spy)
+    impl = arch[HFGemma4]
+    case = impl.case("gemma4")
+    target, draft = case.models()
+    for seed in range(5):
+        impl(target, draft, list(case.prompt), k=2, config=case.config, max_new_tokens=3, rng=seed)
+    assert seen and all(drafted == argmax for drafted, argmax, _ in seen)  # every draft is the argmax
+    assert all(top < 0.999 for _, _, top in seen)  # while q is not a point mass: accepting at p/q is not lossless
+
+
+@pytest.mark.parametrize("cls", [HFMTP, HFDFlash, HFGemma4], ids=["mtp", "dflash", "gemma4"])
+def test_architecture_paths_greedy_are_the_argmax_chain(arch, cls):
+    report, result = check(arch[cls], arch[cls].case(cls.__name__, config=SamplingConfig(temperature=0)), 20)
+    assert report.ok and result.tv == 0, report
+
+
+def test_architecture_refusals_are_named_errors_not_tracebacks(arch):
+    from specref.core.errors import SpecrefError
+
+    report, result = check(HFMTP(num_mtp_layers=2), arch[HFMTP].case("mtp"), 20)  # Mellum takes one MTP layer
+    assert result.status == "raised" and "num_mtp_layers" in result.detail and "MellumForCausalLM" in result.detail
+    report, result = check(arch[HFDFlash], arch[HFGemma4].case("gemma4"), 20)  # another model's rows
+    assert result.status == "raised" and "not HFDFlash's model" in result.detail, report
+    with pytest.raises(SpecrefError, match="end in the same 2 tokens"):
+        model_table(arch[HFDFlash].target_model(), (1, 1), 3, 3)
+    with pytest.raises(SpecrefError, match="vocab_size must be an int >= 2, got 1"):
+        HFGemma4(vocab_size=1)

@@ -28,13 +28,35 @@ ground truth: plain sampling with HF's processors, :func:`~specref.adapters.hf_g
   :func:`ensemble_step` is the same rule as a step for specref's loop, so its exact law (and TV)
   is :func:`ensemble_law`.
 
-Not here: ``MTPCandidateGenerator`` (``use_mtp``: ``num_mtp_layers`` in the model config and
-``MtpModel.from_pretrained(main_model)``, MTP weights of a real architecture),
-``DFlashTokenCandidateGenerator`` (``speculation_type="dflash"``: an assistant config with
-``target_layer_ids``, ``block_size``, ``mask_token_id`` fed the target's hidden states of those
-layers) and ``SinglePositionMultiTokenCandidateGenerator`` (chosen by class name:
-``Gemma4Assistant*`` with a ``Gemma4*``/``Gemma3n*`` target's shared KV states) -- each needs a
-real architecture's hidden states, not table rows.
+Three paths need a real architecture's hidden states, not table rows.  Each builds locally with
+random weights at the smallest configuration transformers 5.24 takes (V = 3, hidden size 16, one
+or two layers; nothing downloaded), as a subclass of :class:`HFArchitecturePath` that binds its
+own target; :meth:`HFArchitecturePath.case` turns the target into the oracle's case, a logit
+table of the target's own rows after every reachable prefix (:func:`model_table`, recomputed
+without a cache), so the ground truth is plain sampling from that very model:
+
+- :class:`HFMTP` -- ``use_mtp=True``: ``MTPCandidateGenerator`` needs ``num_mtp_layers`` in the
+  config and calls ``MtpModel.from_pretrained(main_model)`` (``modeling_layers.py``), which reads
+  the MTP weights from the checkpoint at ``config.name_or_path`` on every call: a one-layer
+  ``MellumForCausalLM`` is saved with random MTP weights to a temporary directory and loaded back.
+  (Mellum because its MTP key pattern, ``mtp.`` at the start, names no layer number; DeepSeek-V3's
+  and GLM-4-MoE's ``_keys_to_ignore_on_load_unexpected`` name layers 61, 46 and 92 of the released
+  checkpoints, so a one-layer model finds no MTP weights.)
+- :class:`HFDFlash` -- ``speculation_type="dflash"``: ``DFlashTokenCandidateGenerator`` with a
+  ``MuseGlimmerAssistantModel`` (``target_layer_ids``, ``block_size``, ``mask_token_id``) on a
+  ``LlamaForCausalLM`` target.
+- :class:`HFGemma4` -- ``Gemma4AssistantForCausalLM`` on ``Gemma4ForCausalLM``:
+  ``SinglePositionMultiTokenCandidateGenerator`` (chosen by class name).  It drafts the argmax of
+  the assistant's logits (``candidate_generator.py``, ``get_candidates``: ``outputs.logits.argmax``)
+  and hands those logits on, so with sampling ``_speculative_sampling`` accepts at ``p/q`` with a
+  ``q`` the draft was not drawn from: the oracle flags it.  Greedy, it is the argmax chain.
+
+All three skip drafting on the first target call (``is_first_iteration``), so the reference's
+call count (a draft over tokens, K drafted from the first call) is not theirs, and none gets an
+efficiency verdict; Gemma 4's and DFlash's rows within a round also depend on where the round
+began (the assistant's own hidden state; one forward for the whole block).  A configuration
+transformers refuses (``HFMTP(num_mtp_layers=2)``: Mellum takes one MTP layer) and a case whose
+target is not the path's model raise ``SpecrefError``, status ``raised`` under the oracle.
 
 torch and transformers are imported inside the functions, as in :mod:`specref.adapters.hf_models`.
 """
@@ -52,7 +74,8 @@ from specref.core.errors import SpecrefError
 from specref.core.sampling import SamplingConfig
 from specref.verification.cases.models import logits_fn
 
-__all__ = ["HFPath", "HFPromptLookup", "HFEarlyExit", "HFUniversal", "HFEnsemble", "early_exit_model",
+__all__ = ["HFPath", "HFPromptLookup", "HFEarlyExit", "HFUniversal", "HFEnsemble", "HFArchitecturePath", "HFMTP",
+           "HFDFlash", "HFGemma4", "model_table", "prefix_logits", "early_exit_model",
            "embedded_model", "hf_tokenizer", "target_logit_columns", "repaired_translator", "ensemble_step",
            "ensemble_law", "path_cases", "NEG_LOGIT"]
 
@@ -272,10 +295,13 @@ class HFPath:
 
     Subclasses say what to build (:meth:`prepare`).  ``rng`` is an integer seed (statistical mode),
     handed to torch's global generator inside ``fork_rng``.  Models are built once per case and
-    settings and kept; after each call ``last_target_calls`` holds the target's forward calls.
+    settings and kept; after each call ``last_target_calls`` holds the target's forward calls.  Like
+    :class:`~specref.adapters.hf_generate.HFGenerate` it declares ``specref_isolate = False``: a
+    statistical check runs it in this process, so that ``target_calls`` fills here.
     """
 
     specref_rules = staticmethod(hf_rules)  # the ground truth: plain sampling with HF's processors
+    specref_isolate = False  # target_calls is read in this process, for the efficiency verdict
 
     def __init__(self):
         self._built = {}
@@ -476,6 +502,292 @@ def repaired_translator():
         yield
     finally:
         Translator.get_target_logits, Translator.get_target_ids = logits, ids
+
+
+# ---------------------------------------------------------------- real architectures, random weights
+
+
+_TINY = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+             max_position_embeddings=64, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+INIT_RANGE = 0.2  # weights' init std: 0.02 (the default) gives near-uniform rows, 0.5 near point masses
+
+
+@contextlib.contextmanager
+def _quiet():
+    """transformers' progress bars off and its logging at error level (MTP reloads its layer each call)."""
+    from transformers.utils import logging
+
+    bars, level = logging.is_progress_bar_enabled(), logging.get_verbosity()
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def _count_forwards(model):
+    """``model.calls``: one entry per forward call of ``model`` (a pre-hook)."""
+    model.calls = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: module.calls.append(1), with_kwargs=True)
+    return model
+
+
+def prefix_logits(model, tokens) -> np.ndarray:
+    """The row a transformers model gives after ``tokens``, recomputed from scratch (no cache): ``[V]`` float64."""
+    torch = _hf()[0]
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([list(tokens)]), use_cache=False)
+    return out.logits[0, -1].to(torch.float64).numpy()
+
+
+def model_table(model, prompt, max_new_tokens: int, vocab_size: int) -> np.ndarray:
+    """A logit table ``[V] * (h + 1)``, ``h = len(prompt)``, that holds ``model``'s row after every prefix
+    a decode of ``max_new_tokens`` tokens from ``prompt`` can reach; other entries are 0.
+
+    The table reads the last ``h`` tokens (the oracle wants a prompt at least as long as the
+    context), so the prompt must make those windows differ between reachable prefixes: a prompt
+    whose windows collide is refused, naming both prefixes.  ``(1, 2, 1, 1)`` serves three new tokens.
+    """
+    import itertools
+
+    prompt, V = [int(t) for t in prompt], int(vocab_size)
+    if not prompt or min(prompt) < 0 or max(prompt) >= V:
+        raise SpecrefError(f"prompt must be token ids in 0..{V - 1}, got {prompt}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 4:
+        raise SpecrefError(f"max_new_tokens must be an int in 1..4 (V^n prefixes), got {max_new_tokens!r}")
+    h = len(prompt)
+    table, seen = np.zeros((V,) * (h + 1)), {}
+    for m in range(max_new_tokens):
+        for tail in itertools.product(range(V), repeat=m):
+            prefix = prompt + list(tail)
+            window = tuple(prefix[-h:])
+            if window in seen:
+                raise SpecrefError(f"prompt {prompt}: prefixes {seen[window]} and {prefix} end in the same "
+                                   f"{h} tokens, one table entry; choose a prompt whose windows differ")
+            seen[window] = prefix
+            table[window] = prefix_logits(model, prefix)
+    return table
+
+
+class HFArchitecturePath(HFPath):
+    """A path that needs a real architecture: a random-weight transformers target (and assistant), bound here.
+
+    ``vocab_size`` and ``seed`` fix the models (built in ``torch.random.fork_rng``, so the caller's
+    torch state is kept).  The oracle's case must hold this target's own rows: :meth:`case` builds
+    it (:func:`model_table`), and a call whose case holds other rows is refused (``SpecrefError``).
+    The case's draft and ``k`` are not used where the path fixes its own (MTP: one layer, one token).
+    Token 0 is the padding id (``generate`` masks it in a prompt), so prompts avoid it.
+    A configuration transformers refuses is a ``SpecrefError`` naming the class and HF's reason.
+    """
+
+    target_class = ""  # the transformers class of the target, for messages
+
+    def __init__(self, *, vocab_size: int = 3, seed: int = 0):
+        super().__init__()
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
+            raise SpecrefError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise SpecrefError(f"seed must be an int, got {seed!r}")
+        self.vocab_size, self.seed = vocab_size, seed
+        self._target, self._checked = None, set()
+
+    def build_target(self):
+        """The random-weight target (torch already seeded)."""
+        raise NotImplementedError
+
+    def build_assistant(self, settings):
+        """The assistant for one case's settings, or None (torch already seeded)."""
+        return None
+
+    def generate_kwargs(self, settings) -> dict:
+        """``generate`` keyword arguments besides ``generation_config`` and the assistant."""
+        return {}
+
+    def _seeded(self, build, *args):
+        import transformers
+
+        torch = _hf()[0]
+        with torch.random.fork_rng(devices=[]), _quiet():
+            torch.manual_seed(self.seed)
+            try:
+                return build(*args)
+            except Exception as e:  # noqa: BLE001 - any refusal of transformers' (its config validators' own types too)
+                raise SpecrefError(f"{type(self).__name__}: transformers {transformers.__version__} refuses "
+                                   f"{self.target_class} with vocab_size={self.vocab_size}: {type(e).__name__}: {e}") \
+                    from None
+
+    def target_model(self):
+        """The bound target (built on first use), with ``.calls`` counting its forward calls."""
+        if self._target is None:
+            self._target = _count_forwards(self._seeded(self.build_target).eval())
+        return self._target
+
+    def case(self, name: str, *, prompt=(1, 2, 1, 1), config: SamplingConfig = SamplingConfig(), max_new_tokens: int = 3,
+             k: int = 2, stop_tokens=()):
+        """A decoder case whose target (and unused draft) is this path's target, as a logit table."""
+        from specref.verification.cases.chain import Case
+
+        table = model_table(self.target_model(), prompt, max_new_tokens, self.vocab_size)
+        return Case(name, table, table, prompt=tuple(prompt), k=k, config=config, max_new_tokens=max_new_tokens,
+                    stop_tokens=tuple(stop_tokens), tables="logits")
+
+    def _check_case(self, target, prompt, max_new_tokens):
+        key = (_table_key(target), tuple(prompt), max_new_tokens)
+        if key in self._checked:
+            return
+        rows = logits_fn(target)
+        V = rows.vocab_size
+        if V != self.vocab_size:
+            raise SpecrefError(f"{type(self).__name__} has vocab_size={self.vocab_size}, the case's target V={V}")
+        ours = model_table(self.target_model(), prompt, max_new_tokens, V)
+        theirs = np.stack([rows(list(index))[-1] for index in np.ndindex(*ours.shape[:-1])])
+        if not np.allclose(theirs, ours.reshape(theirs.shape), atol=1e-5):
+            raise SpecrefError(f"the case's target is not {type(self).__name__}'s model: build the case with .case()")
+        self._checked.add(key)
+
+    def _generate(self, target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng):
+        if max_new_tokens:
+            self._check_case(target, prompt, max_new_tokens)
+        with _quiet():
+            return super()._generate(target, draft, prompt, k=k, config=config, max_new_tokens=max_new_tokens,
+                                     stop_tokens=stop_tokens, rng=rng)
+
+    def prepare(self, target, draft, settings):
+        from specref.adapters.hf_models import generation_config
+
+        gc = generation_config(settings["config"], stop_tokens=settings["stop_tokens"],
+                               max_new_tokens=settings["max_new_tokens"], k=settings["k"])
+        kwargs = dict(generation_config=gc, **self.generate_kwargs(settings))
+        assistant = self._seeded(self.build_assistant, settings)
+        if assistant is not None:
+            kwargs["assistant_model"] = assistant.eval()
+        return self.target_model(), kwargs, _calls
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.update(_target=None, _checked=set())
+        return state
+
+    def __repr__(self):
+        return f"{type(self).__name__}(vocab_size={self.vocab_size}, seed={self.seed})"
+
+
+class HFMTP(HFArchitecturePath):
+    """``generate(use_mtp=True)``: ``MTPCandidateGenerator`` on a one-layer ``MellumForCausalLM`` with one MTP layer.
+
+    ``MtpModel.from_pretrained(main_model)`` (``modeling_layers.py``) reads the MTP weights from the
+    checkpoint at ``config.name_or_path`` on every ``generate`` call.  The target is saved to a
+    temporary directory with random MTP weights under ``mtp.`` (Mellum's checkpoint layout, the keys
+    its ``_keys_to_ignore_on_load_unexpected`` names) and loaded back from there; nothing is
+    downloaded.  Mellum takes at most one MTP layer, so every round drafts one token
+    (``num_mtp_layers=2`` is refused by ``MellumConfig``).
+    """
+
+    target_class = "MellumForCausalLM"
+
+    def __init__(self, *, num_mtp_layers: int = 1, vocab_size: int = 3, seed: int = 0):
+        super().__init__(vocab_size=vocab_size, seed=seed)
+        if isinstance(num_mtp_layers, bool) or not isinstance(num_mtp_layers, int) or num_mtp_layers < 1:
+            raise SpecrefError(f"num_mtp_layers must be an int >= 1, got {num_mtp_layers!r}")
+        self.num_mtp_layers = num_mtp_layers
+
+    def build_target(self):
+        import shutil
+        import tempfile
+        import weakref
+
+        from safetensors.torch import load_file, save_file
+        from transformers import MellumConfig, MellumForCausalLM
+        from transformers.modeling_layers import MtpModel
+
+        n = self.num_mtp_layers
+        config = MellumConfig(vocab_size=self.vocab_size, num_hidden_layers=1, mlp_layer_types=["dense"],
+                              num_mtp_layers=n, mtp_layer_types=["full_attention"] * n,
+                              mtp_mlp_layer_types=["dense"] * n, sliding_window=None, num_experts=2,
+                              num_experts_per_tok=1, moe_intermediate_size=8, initializer_range=INIT_RANGE, **_TINY)
+        main = MellumForCausalLM(config)
+        where = tempfile.mkdtemp(prefix="specref-mtp-")
+        main.save_pretrained(where)
+        weights = load_file(f"{where}/model.safetensors")
+        for key, value in MtpModel(main, n).state_dict().items():  # random MTP layer weights, Mellum's keys
+            if not key.startswith(("embed_tokens.", "shared_head.")):
+                weights["mtp." + key] = value.detach().clone().contiguous()
+        save_file(weights, f"{where}/model.safetensors", metadata={"format": "pt"})
+        model = MellumForCausalLM.from_pretrained(where)
+        weakref.finalize(model, shutil.rmtree, where, True)
+        return model
+
+    def generate_kwargs(self, settings):
+        return dict(use_mtp=True)
+
+    def __repr__(self):
+        return f"HFMTP(num_mtp_layers={self.num_mtp_layers}, vocab_size={self.vocab_size}, seed={self.seed})"
+
+
+class HFDFlash(HFArchitecturePath):
+    """``generate(assistant_model=..., speculation_type="dflash")``: ``DFlashTokenCandidateGenerator``.
+
+    Target: a two-layer ``LlamaForCausalLM``; assistant: a one-layer ``MuseGlimmerAssistantModel``
+    (the DFlash drafter transformers ships) with ``target_layer_ids=[0, 1]``, ``block_size=K+1``
+    (one anchor and K mask positions, so K drafted tokens a round) and ``mask_token_id = V - 1``.
+    """
+
+    target_class = "LlamaForCausalLM"
+
+    def build_target(self):
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        return LlamaForCausalLM(LlamaConfig(vocab_size=self.vocab_size, num_hidden_layers=2,
+                                            initializer_range=INIT_RANGE, **_TINY))
+
+    def build_assistant(self, settings):
+        from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+        tiny = {key: v for key, v in _TINY.items() if key != "bos_token_id" and key != "eos_token_id"}
+        config = MuseGlimmerAssistantConfig(num_hidden_layers=1, sliding_window=8, block_size=settings["k"] + 1,
+                                            mask_token_id=self.vocab_size - 1, target_layer_ids=[0, 1],
+                                            initializer_range=INIT_RANGE, bos_token_id=None, eos_token_id=None,
+                                            **tiny)
+        return MuseGlimmerAssistantModel(config)
+
+    def generate_kwargs(self, settings):
+        return dict(speculation_type="dflash")
+
+
+class HFGemma4(HFArchitecturePath):
+    """``generate(assistant_model=Gemma4AssistantForCausalLM)``: ``SinglePositionMultiTokenCandidateGenerator``.
+
+    Target: a two-layer ``Gemma4ForCausalLM`` (one sliding-window layer of width 4, one full) that
+    returns its ``shared_kv_states``; assistant: a two-layer ``Gemma4AssistantForCausalLM`` reading
+    them, ``num_assistant_tokens = K``.  The generator drafts each token as the argmax of the
+    assistant's logits and hands those raw logits on as the draft's distribution.
+    """
+
+    target_class = "Gemma4ForCausalLM"
+
+    def _text_config(self):
+        from transformers import Gemma4TextConfig
+
+        return Gemma4TextConfig(vocab_size=self.vocab_size, num_hidden_layers=2, global_head_dim=8,
+                                layer_types=["sliding_attention", "full_attention"], sliding_window=4,
+                                vocab_size_per_layer_input=0, hidden_size_per_layer_input=0,
+                                initializer_range=INIT_RANGE, **_TINY)
+
+    def build_target(self):
+        from transformers import Gemma4ForCausalLM
+
+        return Gemma4ForCausalLM(self._text_config())
+
+    def build_assistant(self, settings):
+        from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+
+        assistant = Gemma4AssistantForCausalLM(Gemma4AssistantConfig(text_config=self._text_config(),
+                                                                      backbone_hidden_size=_TINY["hidden_size"]))
+        assistant.generation_config.num_assistant_tokens = int(settings["k"])
+        return assistant
 
 
 # ---------------------------------------------------------------- the ensemble rule, exactly

@@ -1,0 +1,218 @@
+"""Every Hugging Face ``generate`` speculative path under the decoder-level oracle, at a stated N; JSON output.
+
+One row per path of :mod:`specref.adapters.hf_paths` (prompt lookup, early exit, different
+tokenizers with sampling -- as shipped and with the repaired translator -- and greedy, the
+ensemble weight at two weights, MTP, DFlash and Gemma 4, sampling and greedy): the statistical
+verdict against plain sampling with HF's processors (N, p, TV and its 99% interval, the TV the
+run detects with power 0.9), target calls per decode and the efficiency verdict where the
+reference has a call count, seconds and the peak RSS after the row; the ensemble rows add the
+exact TV of :func:`~specref.adapters.hf_paths.ensemble_law`.  Each row also states the planned N
+(TV >= 0.01 at alpha = 1e-6, power 0.9) and the time it would take at the measured seconds per
+call.  One torch thread.
+
+    python benchmarks/hf_paths.py --samples 1000 --out benchmarks/out/hf_paths.json
+    python benchmarks/hf_paths.py --table benchmarks/out/hf_paths.json   # the table in docs/results/hf-paths.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # specref from this checkout
+
+PLANNED_TV, PLANNED_ALPHA = 0.01, 1e-6
+ALPHA = 1e-3  # the run's level, as in tests/test_hf_paths.py
+GREEDY_N = 20  # a greedy law is a point mass: one wrong output fails it
+
+NO_REFERENCE = {
+    "prompt lookup": "none: the n-gram draft has no q and drafts 0 to K tokens as matches allow",
+    "different tokenizers": "none: the draft is over another vocabulary",
+    "architecture": "none: the first call drafts nothing and the drafts come from the target's hidden states",
+}
+
+
+def _cross_vocab(config):
+    """(case over the character tokenizer's ids, piece draft, tokenizers): ``tests/test_hf_paths.py``'s pair."""
+    import numpy as np
+
+    from specref.verification.cases.chain import Case
+    from specref.verification.cases.tables import LogitTable
+    from toy_models.tokenizers import char_tokenizer, fitted_bigram, piece_tokenizer
+
+    chars, pieces = char_tokenizer(), piece_tokenizer()
+    with np.errstate(divide="ignore"):
+        t = np.log(fitted_bigram(chars, keep=2, seed=3).astype(np.float64))
+        d = LogitTable(np.log(fitted_bigram(pieces, keep=4, seed=4).astype(np.float64)))
+    case = Case("chars-target", t, t, prompt=tuple(chars.encode("the")), k=2, max_new_tokens=3, config=config,
+                tables="logits")
+    return case, d, chars, pieces
+
+
+def paths():
+    """``[(path, generator, settings, make() -> (impl, case), efficiency)]``; ``efficiency`` is
+    ``"reference"`` (the reference's exact call count exists) or the reason there is none."""
+    from specref.adapters import hf_paths as P
+    from specref.core.sampling import SamplingConfig
+
+    cases = {c.name: c for c in P.path_cases()}
+    greedy, top_k, plain = SamplingConfig(temperature=0), SamplingConfig(top_k=2), SamplingConfig()
+
+    def universal(config, repaired=False):
+        case, draft, chars, pieces = _cross_vocab(config)
+        return P.HFUniversal(draft, chars, pieces, repaired=repaired), case
+
+    def arch(cls, config, k):
+        impl = cls()
+        return impl, impl.case(cls.__name__, config=config, k=k)
+
+    same = "PromptLookupCandidateGenerator"
+    rows = [
+        ("prompt lookup", same, "T 0.8, K 2", lambda: (P.HFPromptLookup(), cases["lookup-temperature"]),
+         NO_REFERENCE["prompt lookup"]),
+        ("early exit", "EarlyExitCandidateGenerator", "top-k 2, layer 1 of 2, K 2",
+         lambda: (P.HFEarlyExit(), cases["early-exit-top-k"]), "reference"),
+        ("different tokenizers, sampling", "UniversalSpeculativeDecodingGenerator", "chars <- pieces, T 1, K 2",
+         lambda: universal(plain), NO_REFERENCE["different tokenizers"]),
+        ("different tokenizers, sampling, repaired", "UniversalSpeculativeDecodingGenerator",
+         "chars <- pieces, T 1, K 2, repaired_translator", lambda: universal(plain, True),
+         NO_REFERENCE["different tokenizers"]),
+        ("different tokenizers, greedy", "AssistedCandidateGeneratorDifferentTokenizers", "chars <- pieces, greedy",
+         lambda: universal(greedy), NO_REFERENCE["different tokenizers"]),
+    ]
+    for w in (0.5, 0.8):
+        rows.append((f"ensemble weight {w}", "AssistedCandidateGenerator", f"assistant_ensemble_weight {w}, T 1, K 2",
+                     lambda w=w: (P.HFEnsemble(w), cases["ensemble"]), "reference"))
+    for cls, generator, k, what in ((P.HFMTP, "MTPCandidateGenerator", 1, "Mellum, 1 MTP layer"),
+                                    (P.HFDFlash, "DFlashTokenCandidateGenerator", 2, "Llama + MuseGlimmerAssistant"),
+                                    (P.HFGemma4, "SinglePositionMultiTokenCandidateGenerator", 2,
+                                     "Gemma4 + Gemma4Assistant")):
+        config = plain if cls is P.HFGemma4 else top_k
+        for name, c in ((f"{cls.__name__[2:]}, sampling", config), (f"{cls.__name__[2:]}, greedy", greedy)):
+            label = "greedy" if c.greedy else ("top-k 2" if c.top_k else "T 1")
+            rows.append((name, generator, f"{what}, {label}, K {k}", lambda cls=cls, c=c, k=k: arch(cls, c, k),
+                         NO_REFERENCE["architecture"]))
+    return rows
+
+
+def _planned(case):
+    """The planned N (TV >= 0.01, alpha 1e-6, power 0.9) against the case's law under HF's rules."""
+    import numpy as np
+
+    from specref.adapters.hf_generate import hf_rules
+    from specref.verification.cases.rules import ruled
+    from specref.verification.laws.enumeration import target_law
+    from specref.verification.statistics.counts import samples_needed
+
+    case = case.as_float()
+    t, config = ruled(case.models()[0], case.config, hf_rules)
+    law = target_law(t, list(case.prompt), config, case.max_new_tokens, case.stop_tokens)
+    null = np.array([float(w) for w in law.values()] + [0.0])
+    return int(samples_needed(PLANNED_TV, PLANNED_ALPHA, 0.9, len(null), null=null))
+
+
+def run_path(path, generator, settings, make, eff_kind, samples):
+    """One row of the record."""
+    from specref.adapters.hf_generate import hf_rules
+    from specref.adapters.hf_paths import ensemble_law
+    from specref.verification.oracle import check_decoder
+    from specref.verification.statistics.efficiency import efficiency
+
+    t0 = time.perf_counter()
+    impl, case = make()
+    n = GREEDY_N if case.config.greedy else samples
+    r = check_decoder(impl, cases=[case], mode="statistical", samples=n, alpha=ALPHA, progress=False).results[0]
+    seconds = time.perf_counter() - t0
+    row = {"path": path, "generator": generator, "settings": settings, "case": case.name, "status": r.status,
+           "n": r.n_samples, "p_value": r.p_value, "tv": r.tv, "tv_interval": list(r.tv_interval),
+           "detectable_tv": r.detectable_tv, "seconds": seconds, "detail": r.detail[:300]}
+    calls = list(impl.target_calls)
+    row["calls_per_decode"] = sum(calls) / len(calls) if calls else None
+    if eff_kind == "reference" and len(calls) >= 2:
+        e = efficiency(calls, case, rules=hf_rules)
+        row["efficiency"] = {"measured": e.mean, "interval_99": list(e.interval), "reference": e.reference,
+                             "verdict": e.verdict}
+    else:
+        row["efficiency"] = {"verdict": eff_kind if eff_kind != "reference" else "not measured"}
+    if hasattr(impl, "weight"):
+        row["exact_tv"] = ensemble_law(case, impl.weight)[2]
+    row["seconds_per_call"] = seconds / max(1, r.n_samples)
+    row["planned_n"] = GREEDY_N if case.config.greedy else _planned(case)
+    row["projected_s_at_planned_n"] = row["planned_n"] * row["seconds_per_call"]
+    row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return row
+
+
+def _efficiency_cell(row):
+    e = row["efficiency"]
+    if "measured" not in e:
+        return e["verdict"]
+    lo, hi = e["interval_99"]
+    return f"{e['measured']:.3f} [{lo:.3f}, {hi:.3f}] vs {e['reference']:.3f}: {e['verdict']}"
+
+
+def table(record: dict) -> str:
+    """Markdown: one row per path of a record (``tests/test_hf_paths_table.py`` checks the results page holds it)."""
+    lines = ["| path | generator | settings | N | status | p | TV [99% interval] | calls per decode; efficiency | s "
+             "| planned N, projected h |",
+             "|---|---|---|---:|---|---:|---|---|---:|---|"]
+    for row in record["paths"]:
+        lo, hi = row["tv_interval"]
+        tv = f"{row['tv']:.3f} [{lo:.3f}, {hi:.3f}]"
+        if "exact_tv" in row:
+            tv += f"; exact {row['exact_tv']:.3f}"
+        calls = "" if row["calls_per_decode"] is None else f"{row['calls_per_decode']:.3f}; "
+        lines.append(f"| {row['path']} | `{row['generator']}` | {row['settings']} | {row['n']:,} | {row['status']} "
+                     f"| {row['p_value']:.2g} | {tv} | {calls}{_efficiency_cell(row)} | {row['seconds']:.1f} "
+                     f"| {row['planned_n']:,}, {row['projected_s_at_planned_n'] / 3600:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=1000, help="N per sampling path (greedy paths: 20)")
+    ap.add_argument("--paths", nargs="*", default=None, help="path names (default: all)")
+    ap.add_argument("--out", default="hf_paths.json")
+    ap.add_argument("--table", metavar="JSON", help="print the results page's table of a record and stop")
+    args = ap.parse_args(argv)
+    if args.samples < 2:
+        ap.error(f"--samples must be >= 2, got {args.samples}")
+    if args.table:
+        with open(args.table) as f:
+            print(table(json.load(f)))
+        return 0
+
+    import torch
+    import transformers
+    from transformers.utils import logging
+
+    torch.set_num_threads(1)
+    logging.set_verbosity_error()
+    record = {"versions": {"transformers": transformers.__version__, "torch": torch.__version__,
+                           "python": platform.python_version(), "machine": platform.machine()},
+              "settings": {"samples": args.samples, "greedy_samples": GREEDY_N, "alpha": ALPHA, "torch_threads": 1,
+                           "planned_tv": PLANNED_TV, "planned_alpha": PLANNED_ALPHA, "planned_power": 0.9},
+              "paths": []}
+    for spec in paths():
+        if args.paths and spec[0] not in args.paths:
+            continue
+        row = run_path(*spec, args.samples)
+        print(f"{row['path']:<42} {row['status']:<8} N={row['n']} p={row['p_value']:.3g} "
+              f"TV={row['tv']:.3f} {row['seconds']:.1f} s", flush=True)
+        record["paths"].append(row)
+        with open(args.out, "w") as f:  # after every path: a stopped run keeps what it finished
+            json.dump(record, f, indent=1, default=str)
+    record["seconds"] = sum(r["seconds"] for r in record["paths"])
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=1, default=str)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""The results page's table of Hugging Face ``generate``'s paths is what the committed record says.
+
+``benchmarks/hf_paths.py`` runs every path at a stated N and ``--table`` prints the table that
+``docs/results/hf-paths.md`` holds.  These tests need neither torch nor transformers: they read
+the committed JSON.
+"""
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from hf_paths import main, table  # noqa: E402
+
+RECORD = ROOT / "benchmarks" / "out" / "hf_paths.json"
+PAGE = ROOT / "docs" / "results" / "hf-paths.md"
+
+
+def test_the_page_holds_the_committed_table():
+    assert table(json.loads(RECORD.read_text())) in PAGE.read_text(), "run: python benchmarks/hf_paths.py --table " \
+        + str(RECORD.relative_to(ROOT))
+
+
+def test_the_page_check_can_fail():
+    record = json.loads(RECORD.read_text())
+    changed = copy.deepcopy(record)
+    changed["paths"][0]["p_value"] = 0.5 if record["paths"][0]["p_value"] != 0.5 else 0.25
+    assert table(changed) not in PAGE.read_text()
+
+
+def test_the_record_has_every_path_once_with_its_numbers():
+    record = json.loads(RECORD.read_text())
+    names = [row["path"] for row in record["paths"]]
+    assert len(names) == len(set(names))
+    for needed in ("prompt lookup", "early exit", "different tokenizers, sampling", "different tokenizers, greedy",
+                   "ensemble weight 0.5", "ensemble weight 0.8", "MTP, sampling", "DFlash, sampling",
+                   "Gemma4, sampling"):
+        assert needed in names, needed
+    for row in record["paths"]:
+        for field in ("n", "p_value", "tv_interval", "seconds", "peak_rss_mb", "planned_n", "efficiency"):
+            assert row[field] is not None, (row["path"], field)
+    assert {"transformers", "torch", "python"} <= set(record["versions"])
+    ensemble = [row for row in record["paths"] if row["path"].startswith("ensemble")]
+    assert all("exact_tv" in row and row["status"] == "differs" for row in ensemble)
+
+
+def test_the_script_names_a_bad_argument_and_its_value(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--samples", "1"])
+    assert e.value.code == 2 and "--samples must be >= 2, got 1" in capsys.readouterr().err
