@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Hashable, Mapping
 
@@ -729,6 +729,7 @@ class LawComparison:
     worst: tuple  # ((output, a, b), ...) by |a - b| descending, at most `top` of them
     n_outputs: int  # outputs in the union of the two supports
     exact: bool  # True when both laws hold only Fractions (then tv == 0 means equal)
+    law_a: Mapping | None = field(default=None, repr=False, compare=False)  # the first law (the runner's state check)
 
     def __str__(self) -> str:
         lines = [f"TV = {self.tv} ({float(self.tv):.3e}), max |a - b| = {float(self.max_diff):.3e} "
@@ -777,4 +778,4 @@ def compare(law_a: Mapping, law_b: Mapping, *, top: int = 10) -> LawComparison:
         max_diff = float(max(diffs, default=0.0))
     order = sorted(range(len(rows)), key=lambda i: diffs[i], reverse=True)[:top]
     return LawComparison(tv=tv, max_diff=max_diff, worst=tuple(rows[i] for i in order),
-                      n_outputs=len(rows), exact=exact)
+                      n_outputs=len(rows), exact=exact, law_a=law_a)

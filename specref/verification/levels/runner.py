@@ -4,8 +4,18 @@ A level supplies only what is its own: how to validate a case, the body that jud
 in exact mode, the body that judges it in statistical mode (given its seed), and optionally a
 re-check of a case that differs.  :func:`run_cases` does the rest, the same way for every level:
 validation of every case before any runs, isolation (a forked worker with a hard deadline,
-``Settings.isolate``), the per-call and per-case time limits, seeds ``settings.seed + i``, and
-the :class:`~specref.verification.running.report.Report`.
+``Settings.isolate``), the per-call and per-case time limits, seeds ``settings.seed + i``, the
+state check (``Settings.state_check``, by default in exact mode: :func:`second_order`) and the
+:class:`~specref.verification.running.report.Report`.
+
+The state check (SPEC §13.5) judges every case that passed a second time, in an order drawn
+from ``settings.seed`` in which the cases of the same shapes (:func:`shape_key`) run one after
+another and each case comes after another case than in the first pass.  In-process the
+implementation's state carries from one case to the next as it would in a server; isolated, each
+second run is a forked worker that runs the case's predecessor first, then the case.  A case whose
+verdict, or whose exact law (Fractions: equal; floats: within ``tolerance``), changed is reported
+``stateful``, with both runs named; a time-out or an internal error of the second run is reported
+as itself (a loaded machine, or the oracle, is not the implementation's state).
 
 Levels whose cases are randomized programs with an exact law (chain, tree, tree batch) share
 the two bodies below: :func:`exact_verdict` enumerates the program (SPEC §5) and
@@ -14,23 +24,29 @@ the two bodies below: :func:`exact_verdict` enumerates the program (SPEC §5) an
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from fractions import Fraction
 from typing import Callable
 
 import numpy as np
 
 from specref.verification.laws.enumeration import compare, law
-from specref.verification.running.calling import cuda_started, run_case
+from specref.core.errors import SpecrefError
+from specref.verification.running.calling import Misbehaved, cuda_started, run_case
 from specref.verification.running.progress import progress_bar
-from specref.verification.running.report import DIFFERS, OK, CaseResult, Report, Settings, law_verdict
+from specref.verification.running.report import (DIFFERS, INTERNAL, OK, STATEFUL, TIMEOUT, CaseResult, Report, Settings,
+                                                 law_verdict)
 from specref.verification.statistics.counts import compare_counts, detectable_tv, samples_needed
 from specref.verification.statistics.shards import tally, tally_blocks
 
-__all__ = ["run_cases", "isolated", "exact_verdict", "sampled_verdict", "samples_in_budget", "PILOT"]
+__all__ = ["run_cases", "isolated", "exact_verdict", "sampled_verdict", "samples_in_budget", "shape_key",
+           "second_order", "PILOT", "ORDER_TRIES"]
 
 PILOT = 16  # samples in the timed pilot of a budgeted check (Settings.budget_s)
 MIN_BUDGET_SAMPLES = 2 * PILOT  # a budget too small for this still samples this many: the report says so
 MAX_BUDGET_SAMPLES = 2_000_000  # a budget never buys more than this per case (the batched level's cap too)
+ORDER_TRIES = 64  # seeded shuffles tried for the state check's second order (the first without a repeat wins)
 
 
 _UNKNOWN = object()  # run_cases was not told the implementation
@@ -66,19 +82,153 @@ def run_cases(level, cases, settings: Settings, *, validate: Callable, exact: Ca
     status; ``recheck(case, result) -> CaseResult`` may revise a verdict (the chain levels
     confirm a difference against the reference).  ``fn``: the implementation, for the default
     isolation (:func:`isolated`).  An isolated statistical case fills ``settings.shard_store``
-    in its worker; what it added comes back here.
+    in its worker; what it added comes back here.  With ``settings.checks_state`` every case
+    that passed is judged again, its body reused (see the module docstring).
     """
     for case in cases:
         validate(case)
     report = Report(level=level.name, mode=settings.mode)
     isolate = isolated(settings, fn)
     store = settings.shard_store if settings.mode == "statistical" else None
+    bodies = []
     for i, case in enumerate(cases):
         body = exact(case) if settings.mode == "exact" else statistical(case, settings.seed + i)
+        bodies.append(body)
         result = run_case(body, case, isolate=isolate, time_limit=settings.time_limit,
                           case_time_limit=settings.case_time_limit, store=store)
         report.results.append(result if recheck is None else recheck(case, result))
+    if settings.checks_state:
+        _check_state(report.results, cases, bodies, settings, isolate=isolate, recheck=recheck)
+    for result in report.results:
+        result.law = None  # kept only for the state check: reports stay small
     return report
+
+
+# ---------------------------------------------------------------- the state check
+
+
+def shape_key(case) -> tuple:
+    """What makes two cases "of the same shapes" for the state check: the shape of every array the
+    case holds, which fields are None, its integer fields (K, ...), the length of its tuples (a
+    prompt, drafts per row), and a tree case's ``widths`` (the tree's shape)."""
+    if dataclasses.is_dataclass(case):
+        names = [f.name for f in dataclasses.fields(case)]
+    else:
+        names = sorted(getattr(case, "__dict__", {}))
+    key = [type(case).__name__]
+    for name in names:
+        v = getattr(case, name, None)
+        if hasattr(v, "shape") and hasattr(v, "ndim"):
+            key.append((name, tuple(v.shape)))
+        elif v is None or (isinstance(v, int) and not isinstance(v, bool)):
+            key.append((name, v))
+        elif isinstance(v, tuple):
+            key.append((name, v if name == "widths" else len(v)))  # a prompt by its length; a tree's widths are its shape
+    return tuple(key)
+
+
+def second_order(cases, passed, first, seed: int, *, start) -> list:
+    """The state check's second order of the case indices ``passed``.
+
+    ``first[i]``: the index of the case that ran just before case ``i`` in the first pass (None:
+    nothing did).  The second run of the case at position ``j`` comes after the one at ``j - 1``,
+    the first one after case ``start`` (in-process: the last case of the first pass; isolated:
+    None, meaning the last of this order).  Cases of the same :func:`shape_key` are kept together
+    (members and groups in a shuffled order), so each case with a partner of its shapes comes
+    after one, but the first of its group; of :data:`ORDER_TRIES` shuffles drawn from ``seed``,
+    the first in which no case comes after the same case as in the first pass, nor after itself,
+    is taken (else the one with fewest such repeats).
+    """
+    rng = np.random.default_rng(seed)
+    groups = {}
+    for i in passed:
+        groups.setdefault(shape_key(cases[i]), []).append(i)
+    groups = list(groups.values())
+    best, fewest = None, None
+    for _ in range(ORDER_TRIES):
+        blocks = [[g[m] for m in rng.permutation(len(g))] for g in groups]
+        order = [i for b in rng.permutation(len(blocks)) for i in blocks[b]]
+        repeats = sum(2 * (before == first[i]) + (before == i)
+                      for i, before in zip(order, _predecessors(order, start)))
+        if fewest is None or repeats < fewest:
+            best, fewest = order, repeats
+        if repeats == 0:
+            break
+    return best
+
+
+def _predecessors(order, start) -> list:
+    """The case each run of ``order`` comes after (``start``; None: the last of the order)."""
+    return [(order[-1] if start is None else start)] + order[:-1]
+
+
+def _check_state(results, cases, bodies, settings: Settings, *, isolate: bool, recheck=None):
+    """Judge each passed case again in :func:`second_order`; ``results[i]`` becomes ``stateful``
+    when the verdict or the law changed, or the second run's time-out or internal error."""
+    n = len(cases)
+    passed = [i for i, r in enumerate(results) if r.status == OK]  # a case that failed has its verdict
+    if not passed:
+        return
+    first = [None] * n if isolate else [None] + list(range(n - 1))
+    start = None if isolate else n - 1
+    order = second_order(cases, passed, first, settings.seed, start=start)
+    for i, before in zip(order, _predecessors(order, start)):
+        body = _after(bodies[before], bodies[i]) if isolate else bodies[i]
+        again = run_case(body, cases[i], isolate=isolate, time_limit=settings.time_limit,
+                         case_time_limit=settings.case_time_limit * (2 if isolate else 1))
+        if recheck is not None:
+            again = recheck(cases[i], again)
+        runs = (_run_name(cases, i, before, isolate), _run_name(cases, i, first[i], isolate))
+        results[i] = _judged_twice(results[i], again, runs, settings.tolerance)
+
+
+def _after(before: Callable, body: Callable) -> Callable:
+    """One isolated worker's second run: the predecessor's body (its verdict was taken in the first
+    pass: a misbehaviour of it here is left out), then the case's."""
+    def pair():
+        try:
+            before()
+        except (Misbehaved, SpecrefError):
+            pass
+        return body()
+
+    return pair
+
+
+def _run_name(cases, i, before, isolate) -> str:
+    name = f"case {getattr(cases[i], 'name', i)!r}"
+    if before is None:
+        return name + (" in a fresh worker" if isolate else " run first")
+    if before == i:
+        return name + " after itself"
+    return name + f" after case {getattr(cases[before], 'name', before)!r}"
+
+
+def _judged_twice(first: CaseResult, again: CaseResult, runs: tuple, tolerance: float) -> CaseResult:
+    """The verdict on a case judged in two runs (``runs``: their names, the second run's first):
+    ``stateful`` when both have laws and they differ (Fractions: at all; floats: by more than
+    ``tolerance``), else when the verdicts differ, or exact TVs to the target do."""
+    second_run, first_run = runs
+    if again.status in (TIMEOUT, INTERNAL):
+        again.detail, again.law = f"{second_run} (the state check's second run): {again.detail}", None
+        return again
+    tv = max((r.tv for r in (first, again) if r.tv is not None), default=None)
+    if first.law is not None and again.law is not None:
+        c = compare(again.law, first.law, top=2)
+        if not (c.tv > 0 if c.exact else c.tv > tolerance):
+            return first  # the same law (a verdict that moved with it sits at the tolerance's edge)
+        exactly = f" = {c.tv}" if c.exact else ""
+        worst = ", ".join(f"{o}: {float(a):.4g} vs {float(b):.4g}" for o, a, b in c.worst)
+        return CaseResult(first.case, STATEFUL, tv=tv, detail=(
+            f"{second_run}: law differs from {first_run} (TV {float(c.tv):.4g}{exactly}; verdicts {again.status} "
+            f"vs {first.status}); worst outputs (output, second run, first run): {worst}"))
+    if again.status != first.status:
+        said = f"{again.status}" + (f" ({again.detail})" if again.detail else "")
+        return CaseResult(first.case, STATEFUL, tv=tv, detail=f"{second_run}: {said}; {first_run}: {first.status}")
+    if isinstance(first.tv, Fraction) and isinstance(again.tv, Fraction) and first.tv != again.tv:
+        return CaseResult(first.case, STATEFUL, tv=tv, detail=(
+            f"{second_run}: TV to the target {again.tv} differs from {first_run}: {first.tv}"))
+    return first
 
 
 def exact_verdict(case, program, expected, settings: Settings) -> CaseResult:

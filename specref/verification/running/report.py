@@ -1,6 +1,12 @@
 """What a check reports: the settings it ran under, a verdict per case, and the report.
 
 Plain data shared by every oracle level (:mod:`specref.verification.oracle`).
+
+Statuses (SPEC §13.3): ``ok`` and ``differs`` judge the law; the others name a misbehaviour.
+``stateful``: the case was judged twice (the state check, ``Settings.state_check``: by default
+in exact mode) after different cases, and its verdict or its exact law changed -- the
+implementation keeps something (scratch, a cache, an rng) from one call to the next that changes
+what it returns; the detail names the two runs.  Not ok: the CLI exits 1, as for ``differs``.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from fractions import Fraction
 from specref.core.errors import SpecrefError, check_positive_int
 
 __all__ = ["Settings", "CaseResult", "Report", "law_verdict", "OK", "DIFFERS", "RAISED", "INVALID", "TIMEOUT", "ARITHMETIC",
-           "CRASHED", "BUDGET", "RNG_MISUSE", "WRITES", "INTERNAL", "MAX_TOLERANCE", "TABLE_DETAIL"]
+           "CRASHED", "BUDGET", "RNG_MISUSE", "WRITES", "STATEFUL", "INTERNAL", "MAX_TOLERANCE", "TABLE_DETAIL"]
 
 OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
     "ok", "differs", "raised", "invalid output", "timeout", "lazy-uniform arithmetic",
@@ -21,6 +27,9 @@ CRASHED = "crashed"  # an isolated worker died: os._exit, a segfault, a signal
 BUDGET = "over budget"  # exact mode: the enumeration ran over max_paths
 RNG_MISUSE = "bad rng use"  # exact mode: randomness not drawn from the rng handed over (not replayable)
 WRITES = "writes into its inputs"  # a write into a read-only input (the batched and tree levels hand read-only rows)
+# The verdict or exact law of a case depends on what the implementation was called with before: the state
+# check (Settings.state_check) ran the case again after another case and got another law, or another verdict.
+STATEFUL = "stateful"
 INTERNAL = "internal error"  # the oracle's own failure (never the implementation's): the CLI exits 2
 MAX_TOLERANCE = 1e-3  # exact mode: a larger tolerance could let a wrong implementation pass
 TABLE_DETAIL = 300  # characters of a detail shown in a report's table (to_json keeps it whole)
@@ -52,6 +61,12 @@ class Settings:
     in-process under the default (``HFGenerate`` does: its records of target calls are read
     here).  The CLI, sweeps and :func:`~specref.verification.campaigns.planning.plan` isolate
     unless told otherwise.
+
+    ``state_check``: ``True`` judges every case that passed once more, in a second, seeded
+    order in which each case comes after another case than in the first (after a case of the
+    same shapes where there is one), and reports ``stateful`` where the verdict or the exact law
+    changed (:func:`~specref.verification.levels.runner.run_cases`).  ``None`` (the default): on in
+    exact mode, off in statistical mode.  Not with a ``shard_store`` or an ``executor``.
     """
 
     mode: str = "exact"  # "exact" (enumerate the rng) or "statistical" (rng is an int seed)
@@ -69,6 +84,7 @@ class Settings:
     progress: bool = True  # statistical mode: a progress bar on a terminal for runs over 2 s
     shard_store: object = field(default=None, compare=False)  # statistical mode: a dict keeping finished shards (sweeps resume from it)
     budget_s: float | None = None  # statistical mode: seconds per case; N is chosen from a timed pilot (samples= wins)
+    state_check: bool | None = None  # each ok case run again after another case (None: in exact mode only)
 
     def __post_init__(self):
         if not isinstance(self.mode, str) or self.mode not in ("exact", "statistical"):
@@ -97,6 +113,24 @@ class Settings:
         b = self.budget_s
         if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < math.inf):
             raise SpecrefError(f"budget_s must be a positive finite number of seconds or None, got {b!r}")
+        self._check_state_check()
+
+    def _check_state_check(self):
+        """``state_check``: True, False or None; not with a shard store or an executor (statistical mode)."""
+        s = self.state_check
+        if s is not None and not isinstance(s, bool):
+            raise SpecrefError(f"state_check must be True, False or None (on in exact mode), got {s!r}")
+        if s and self.mode == "statistical" and self.shard_store is not None:
+            raise SpecrefError(f"state_check=True cannot run with a shard_store (the second run would read the "
+                               f"first run's stored shards), got shard_store={self.shard_store!r:.80}")
+        if s and self.mode == "statistical" and self.executor is not None:
+            raise SpecrefError(f"state_check=True cannot run on an executor (the order of the calls in its "
+                               f"processes is not the oracle's), got executor={self.executor!r:.80}")
+
+    @property
+    def checks_state(self) -> bool:
+        """Whether the runner runs the state check: ``state_check``, by default in exact mode."""
+        return self.mode == "exact" if self.state_check is None else self.state_check
 
 
 # ---------------------------------------------------------------- results
@@ -115,6 +149,7 @@ class CaseResult:
     tv_interval: tuple | None = None  # statistical mode: confidence interval of the TV
     detectable_tv: float | None = None  # statistical mode: the TV this N detects with power 0.9
     seconds_per_sample: dict | None = None  # statistical mode: {"implementation": s, "oracle": s}; measured, so not in to_json
+    law: dict | None = field(default=None, repr=False, compare=False)  # exact mode: the law got, until the state check
 
     @property
     def ok(self) -> bool:
@@ -194,4 +229,4 @@ def law_verdict(case, comparison, tolerance, *, label: str = "output, got, targe
     status = OK if comparison.tv <= tolerance else DIFFERS
     detail = "" if status == OK else f"worst outputs ({label}): " + ", ".join(
         f"{o}: {float(a):.4g} vs {float(b):.4g}" for o, a, b in comparison.worst[:top])
-    return CaseResult(case, status, tv=comparison.tv, detail=detail)
+    return CaseResult(case, status, tv=comparison.tv, detail=detail, law=comparison.law_a)
