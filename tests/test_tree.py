@@ -108,3 +108,17 @@ def test_padded_slots_are_not_nodes():
 def test_malformed_padded_layouts_name_the_slot(parents, tokens, message):
     with pytest.raises(SpecrefError, match=message):
         from_padded(parents, tokens)
+
+
+def test_rows_seen_before_are_still_checked_for_their_kind():
+    # check_tree_rows remembers Fraction rows it validated; an object row of floats equal to them
+    # (0.5 == Fraction(1, 2), same hash) must still be refused, and a changed row still validated
+    halves = np.array([[F(1, 2), F(1, 2), F(0)]] * 6, dtype=object)
+    check_tree_rows(DraftTree((-1, 0, 0, 1, 1, 2), (-1, 0, 1, 0, 1, 0)), halves)
+    floats = np.array([[0.5, 0.5, 0.0]] * 6, dtype=object)
+    with pytest.raises(SpecrefError, match="must be a Fraction"):
+        check_tree_rows(DraftTree((-1, 0, 0, 1, 1, 2), (-1, 0, 1, 0, 1, 0)), floats)
+    off = halves.copy()
+    off[3] = [F(1, 2), F(1, 3), F(0)]
+    with pytest.raises(SpecrefError, match="row 3 sums to 5/6"):
+        check_tree_rows(DraftTree((-1, 0, 0, 1, 1, 2), (-1, 0, 1, 0, 1, 0)), off)

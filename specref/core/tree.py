@@ -36,6 +36,7 @@ Malformed input raises :class:`~specref.core.errors.SpecrefError` naming the nod
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -209,7 +210,7 @@ def check_tree_rows(tree: DraftTree, p_target, q_draft=None):
     if getattr(p_target, "ndim", None) != 2 or p_target.shape[0] != n:
         raise SpecrefError(f"p_target must have shape [N, V] with one row per node (N = {n}), "
                            f"got {getattr(p_target, 'shape', type(p_target).__name__)}")
-    p_target = check_prob_rows("p_target", p_target)  # float32/float16 rows come back renormalised in float64
+    p_target = _checked_rows("p_target", p_target)  # float32/float16 rows come back renormalised in float64
     V = p_target.shape[1]
     for i in range(1, n):
         if tree.tokens[i] >= V:
@@ -224,7 +225,7 @@ def check_tree_rows(tree: DraftTree, p_target, q_draft=None):
                            f"got {getattr(q_draft, 'shape', type(q_draft).__name__)}")
     if is_exact(p_target) != is_exact(q_draft):
         raise SpecrefError("p_target and q_draft must both be Fraction (object) rows or both float rows")
-    q_draft = check_prob_rows("q_draft", q_draft)
+    q_draft = _checked_rows("q_draft", q_draft)
     for i in range(1, n):
         a, x = tree.parents[i], tree.tokens[i]
         if q_draft[a, x] == 0:
@@ -233,6 +234,30 @@ def check_tree_rows(tree: DraftTree, p_target, q_draft=None):
     if not is_exact(q_draft):
         q_draft = q_draft.astype(np.float64)
     return p_target, q_draft
+
+
+_VALID_EXACT_ROWS: dict = {}  # Fraction rows already validated, by content: the enumerator hands the same rows
+_MAX_VALID_ROWS = 100_000  # on every path, and summing Fractions is most of an exact tree check's time
+
+
+def _checked_rows(name, rows):
+    """:func:`~specref.core.errors.check_prob_rows`, each distinct Fraction row validated once.
+
+    A row counts as seen only if it holds Fractions and ints alone (a float equal to a Fraction
+    hashes alike): anything else, or any row not seen, validates the whole table again, so an
+    error names the same row it always did."""
+    if not is_exact(rows):
+        return check_prob_rows(name, rows)
+    keys = [tuple(row) for row in rows.reshape(-1, rows.shape[-1]).tolist()] if rows.ndim == 2 else None
+    if keys is not None and all(k in _VALID_EXACT_ROWS for k in keys) and \
+            all(type(v) in (Fraction, int) for k in keys for v in k):
+        return rows
+    rows = check_prob_rows(name, rows)
+    if keys is not None:
+        if len(_VALID_EXACT_ROWS) > _MAX_VALID_ROWS:
+            _VALID_EXACT_ROWS.clear()
+        _VALID_EXACT_ROWS.update(dict.fromkeys(keys))
+    return rows
 
 
 # ---------------------------------------------------------------- SGLang links

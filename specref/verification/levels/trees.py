@@ -500,8 +500,12 @@ def _tree_program(fn, case, time_limit):
     config = SamplingConfig()
     row = memo_rows(prompt, config)
 
+    fixed = None  # a top-k tree takes no coins: drafted once, not on every path
+    if case.drafting == "topk":
+        fixed = draft_tree(case.widths, lambda path: row(draft, path), case.drafting, None)
+
     def program(rng, impl_rng):
-        tree, q_draft, paths = draft_tree(case.widths, lambda path: row(draft, path), case.drafting, rng)
+        tree, q_draft, paths = fixed or draft_tree(case.widths, lambda path: row(draft, path), case.drafting, rng)
         p_target = tree_rows(lambda path: row(target, path), paths)
         q_arg = None if case.drafting == "topk" else q_draft
         return _judged_block(fn, tree, p_target, q_arg, impl_rng, rng, lambda path: row(target, path), V, depth,
