@@ -1,5 +1,6 @@
 """Engine-shaped adapters (vLLM V1 style, FlashInfer style) and the engine zoo under the batched levels."""
 
+import re
 from dataclasses import replace
 from fractions import Fraction as F
 
@@ -309,6 +310,21 @@ def test_exact_logs_are_exact():
         z[0] - z[3]  # -inf subtracted
 
 
+def test_one_exact_log_for_the_vllm_and_mrv2_levels():
+    """One class, importable from both levels; what each level's exact mode needs holds on it: the
+    vllm level's (``+ 0``, ``/ 1`` and ``sum`` leave the logs exact) and MRV2's (a temperature
+    ``T`` is the power ``r ** T``: ``log(1/2) * 2`` is ``log(1/4)``), and a tiny ratio still has a
+    finite float logarithm (``log 2^-2000``, below float64's smallest number)."""
+    from specref.verification.levels import mrv2
+
+    assert mrv2.ExactLog is ExactLog
+    half, third = ExactLog(F(1, 2)), ExactLog(F(1, 3))
+    assert (half + 0) is half and (half - 0) is half and (half * 1) is half and sum([half, third]).ratio == F(1, 6)
+    assert (half * 2).ratio == F(1, 4) and (ExactLog(F(1, 9)) / 2).ratio == F(1, 3) and (-half).ratio == 2
+    assert float(ExactLog(F(1, 2**2000))) == pytest.approx(-2000 * np.log(2))
+    assert ExactLog(0) < third < 0 < ExactLog(2) < np.inf and ExactLog(1) == 0 and ExactLog(0) == -np.inf
+
+
 def test_probabilities_for_logits_and_logits_for_probabilities_are_named_from_the_rows():
     """The issue-22 bug (probabilities handed as target_logits: softmax(p) sampled, a false 'differs' of
     TV 0.136 on the real engine) and its mirror (draft logits handed as draft_probs) are refused from the
@@ -367,7 +383,7 @@ def _layout():
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(cu_num_draft_tokens=np.array([2, 1, 3]), num_draft_tokens=[2, -1, 2]), r"non-decreasing.*row 1 has 1 after 2"),
+    (dict(cu_num_draft_tokens=np.array([2, 1, 3]), num_draft_tokens=[2, 0, 2]), r"non-decreasing.*row 1 has 1 after 2"),
     (dict(num_draft_tokens=[1, 1, 1]), r"cu_num_draft_tokens row 0 gives 2 drafts, num_draft_tokens\[0\] = 1"),
     (dict(draft_token_ids=np.array([0, 1])), r"draft_token_ids must have shape \[T\] = \[3\]"),
     (dict(draft_probs=np.ones((3, 5)) / 5), r"draft_probs must have shape \[T, V\] = \[3, 4\]"),
@@ -380,6 +396,42 @@ def test_vllm_layout_bad_input_names_argument_and_row(change, message):
     args = {**_layout(), **change}
     with pytest.raises(SpecrefError, match=message):
         check_ragged_layout(**args)
+
+
+_EMPTY = dict(draft_token_ids=np.zeros(0, np.int64), num_draft_tokens=[], max_spec_len=0,
+              cu_num_draft_tokens=np.zeros(0, np.int64), draft_probs=np.zeros((0, 4)), target_logits=np.zeros((0, 4)),
+              bonus_token_ids=np.zeros((0, 1), np.int64))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(num_draft_tokens=["2", "0", "1"]), r"num_draft_tokens\[0\] = '2' is not an integer draft count \(a str\)"),
+    (dict(num_draft_tokens=[2.0, 0, 1]), r"num_draft_tokens\[0\] = 2\.0 is not an integer draft count \(a float\)"),
+    (dict(num_draft_tokens=[True, 0, 1]), r"num_draft_tokens\[0\] = True is not an integer draft count \(a bool\)"),
+    (dict(num_draft_tokens=1.0), r"num_draft_tokens must be a sequence of draft counts .* got float 1\.0"),
+    (dict(num_draft_tokens=True), r"num_draft_tokens must be a sequence of draft counts .* got bool True"),
+    (dict(num_draft_tokens=[2, -1, 1]), r"num_draft_tokens\[1\] = -1 is negative"),
+    (dict(max_spec_len=True), r"max_spec_len must be an integer .* got bool True"),
+    (dict(max_spec_len=1.5), r"max_spec_len must be an integer .* got float 1\.5"),
+    (dict(max_spec_len=1), r"num_draft_tokens\[0\] = 2 \(row 0\) exceeds max_spec_len = 1"),
+    (_EMPTY, r"num_draft_tokens is empty: a batch has at least one request \(B >= 1\)"),
+    (dict(cu_num_draft_tokens=np.array([2.0, 2.0, 3.0])), r"cu_num_draft_tokens must hold integers, got dtype float64"),
+    (dict(draft_token_ids=np.array([0.0, 1.0, 2.0])), r"draft_token_ids must hold integers, got dtype float64"),
+    (dict(draft_token_ids=np.array([0, 7, 2])), r"draft_token_ids\[1\] = 7 \(request 0\) is out of range for V = 4"),
+    (dict(draft_token_ids=np.array([0, 1, -1])), r"draft_token_ids\[2\] = -1 \(request 2\) is out of range"),
+    (dict(bonus_token_ids=np.array([[1.0], [2.0], [3.0]])), r"bonus_token_ids must hold integers"),
+    (dict(draft_probs=np.array([[0.0, 0.5, 0.5, 0.0], [0.25] * 4, [0.25] * 4])),
+     r"draft_token_ids\[0\] = 0 has draft_probs\[0, 0\] = 0: the draft cannot have proposed it"),
+    (dict(sampling_metadata=SamplingMetadata("seven")), r"sampling_metadata\.seed must be an int seed >= 0 .* 'seven'"),
+    (dict(sampling_metadata=SamplingMetadata(-3)), r"sampling_metadata\.seed must be an int seed >= 0, got -3"),
+])
+def test_vllm_reference_refuses_each_bad_input_in_the_callers_words(change, message):
+    """One bad input at a time: a SpecrefError whose message names the argument of the vLLM call (never
+    the batched step's own ``p_target``, ``q_draft`` or ``draft_tokens``), not an IndexError or a
+    silent truncation (``2.0`` drafts, float ids)."""
+    args = {**_layout(), "sampling_metadata": SamplingMetadata(0), **change}
+    with pytest.raises(SpecrefError, match=message) as e:
+        vllm_reference(**args)
+    assert not re.search(r"\b(p_target|q_draft|draft_tokens|rng)\b", str(e.value)), e.value
 
 
 def test_vllm_reference_output_and_nan_rows():

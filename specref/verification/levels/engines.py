@@ -60,10 +60,11 @@ import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from numbers import Rational, Real
 
 import numpy as np
 
-from specref.core.backend import host_rows, namespace, to_numpy
+from specref.core.backend import host_rows, namespace, to_host, to_numpy
 from specref.core.draws import categorical, draw
 from specref.core.errors import SpecrefError
 from specref.core.numbers import same_kind
@@ -145,27 +146,70 @@ class SamplingMetadata:
 
 
 def _metadata_seed(sampling_metadata):
+    """``sampling_metadata.seed``: an int seed >= 0 (not a bool) or a generator with ``random()``."""
     seed = getattr(sampling_metadata, "seed", None)
     if seed is None:
         raise SpecrefError("sampling_metadata must carry the oracle's seed (specref.verification.levels.engines."
                            f"SamplingMetadata), got {type(sampling_metadata).__name__}: the vllm level's call ends "
                            "in sampling_metadata, as vLLM's rejection_sample does (an integer seed there was the "
                            "call of specref 0.2)")
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):
+        if seed < 0:
+            raise SpecrefError(f"sampling_metadata.seed must be an int seed >= 0, got {seed}")
+    elif not callable(getattr(seed, "random", None)):
+        raise SpecrefError(f"sampling_metadata.seed must be an int seed >= 0 (statistical mode) or a generator with "
+                           f"random() (the oracle's enumerator in exact mode), got {_show(seed)}")
     return seed
 
 
-@functools.total_ordering
+def _root(n: int, k: int) -> int | None:
+    """The integer ``k``-th root of ``n >= 0`` when it is exact, else None."""
+    if n < 2:
+        return n
+    x = math.isqrt(n) if k == 2 else int(round(n ** (1.0 / k)))
+    for c in (x - 1, x, x + 1):
+        if c >= 0 and c ** k == n:
+            return c
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _power(r: Fraction, e: Fraction) -> Fraction:
+    """``r ** e`` when it is rational (``r >= 0``), else SpecrefError."""
+    if e == 0:
+        if r == 0:
+            raise SpecrefError("0 * log(0) is not a number (a zero temperature times a -inf logit)")
+        return Fraction(1)
+    if r == 0:
+        if e < 0:
+            raise SpecrefError("-inf scaled by a negative number is +inf: not a logit")
+        return r
+    p = r ** e.numerator if e > 0 else 1 / r ** -e.numerator  # Fraction ** int is exact
+    num, den = _root(p.numerator, e.denominator), _root(p.denominator, e.denominator)
+    if num is None or den is None:
+        raise SpecrefError(f"log({r}) * {e} is not the logarithm of a rational: exact mode needs temperatures "
+                           "whose powers stay rational (integer T for the draft logits)")
+    return Fraction(num, den)
+
+
+def _number(t) -> bool:
+    return isinstance(t, (Real, np.floating, np.integer)) and not isinstance(t, (bool, np.bool_))
+
+
 class ExactLog:
     """``log r`` of a rational ``r >= 0``, held exactly as ``r`` (``r = 0`` is ``-inf``).
 
-    Exact mode of the ``vllm`` level hands ``target_logits`` as an object array of these, so
-    that a softmax written with NumPy gives the target's ``Fraction`` rows back exactly:
-    ``np.exp(z)`` calls :meth:`exp` (``r``), ``z - m`` is ``log(r / m)``, ``z + m`` is
-    ``log(r m)``, and ``max``, ``argmax`` and comparisons order by ``r``.  So
-    ``e = np.exp(z - z.max(axis=-1, keepdims=True)); e / e.sum(axis=-1, keepdims=True)``
-    is ``p`` as ``Fraction``s.  ``float(z)`` is ``log r`` as a float (``-inf`` at 0), so
-    ``z.astype(np.float64)`` works too (and leaves exact arithmetic).  What is not rational
-    raises ``TypeError``: scaling by a temperature other than 1, ``-inf - -inf``.
+    Exact mode of the ``vllm`` and ``mrv2`` levels hands logits as object arrays of these, so
+    that a softmax written with NumPy gives the ``Fraction`` rows back exactly: ``np.exp(z)``
+    calls :meth:`exp` (``r``); ``a + b`` and ``a - b`` (both ExactLog) are ``log(ra rb)`` and
+    ``log(ra / rb)``, and adding or subtracting the number 0 leaves ``a`` as it is; ``a * t``
+    and ``a / t`` for a real ``t`` are ``log(ra ** t)`` and ``log(ra ** (1/t))`` when that power
+    is rational (``t = 1``: ``a`` itself), else SpecrefError (a ValueError), as for ``-inf - -inf``;
+    ``max``, ``argmax`` and comparisons order by ``r`` (with a number ``x``: exactly for ``x`` =
+    0 or an infinity, by ``float()`` otherwise).  So ``e = np.exp(z - z.max(axis=-1,
+    keepdims=True)); e / e.sum(axis=-1, keepdims=True)`` is ``p`` as ``Fraction`` rows.
+    ``float(z)`` is ``log r`` as a float (``-inf`` at 0), so ``z.astype(np.float64)`` works
+    too (and leaves exact arithmetic).
     """
 
     __slots__ = ("ratio",)
@@ -182,58 +226,77 @@ class ExactLog:
     def __float__(self) -> float:
         if self.ratio == 0:
             return -math.inf
-        return math.log(self.ratio.numerator) - math.log(self.ratio.denominator)
+        return math.log(self.ratio.numerator) - math.log(self.ratio.denominator)  # no underflow for tiny r
 
-    def __sub__(self, other):
-        if isinstance(other, ExactLog):
-            if other.ratio == 0:
-                raise TypeError(f"{self!r} - log(0): subtracting -inf has no rational result")
-            return ExactLog(self.ratio / other.ratio)
-        if isinstance(other, (int, np.integer)) and other == 0:
-            return self
-        return NotImplemented
+    def _power(self, e) -> "ExactLog":
+        return self if e == 1 else ExactLog(_power(self.ratio, e if type(e) is Fraction else Fraction(e)))
 
     def __add__(self, other):
         if isinstance(other, ExactLog):
             return ExactLog(self.ratio * other.ratio)
-        if isinstance(other, (int, np.integer)) and other == 0:
+        if _number(other) and other == 0:
             return self
         return NotImplemented
 
     __radd__ = __add__
 
-    def __neg__(self):
-        if self.ratio == 0:
-            raise TypeError("-log(0) is +inf: no rational result")
-        return ExactLog(1 / self.ratio)
-
-    def __mul__(self, other):
-        if isinstance(other, (int, np.integer, Fraction, float)) and other == 1:
+    def __sub__(self, other):
+        if isinstance(other, ExactLog):
+            if other.ratio == 0:
+                raise SpecrefError(f"{self!r} - log(0): subtracting a -inf logit has no rational result")
+            return ExactLog(self.ratio / other.ratio)
+        if _number(other) and other == 0:
             return self
-        raise TypeError(f"{self!r} * {other!r}: log r times a number other than 1 is not rational (exact mode of "
-                        "the vllm level hands final logits, temperature 1)")
+        return NotImplemented
+
+    def __neg__(self):
+        return self._power(-1)
+
+    def __mul__(self, t):
+        if _number(t):
+            return self._power(Fraction(t) if isinstance(t, Rational) else Fraction(float(t)))
+        return NotImplemented
 
     __rmul__ = __mul__
 
-    def __truediv__(self, other):
-        if isinstance(other, (int, np.integer, Fraction, float)) and other == 1:
-            return self
-        raise TypeError(f"{self!r} / {other!r}: log r divided by a number other than 1 is not rational (exact mode "
-                        "of the vllm level hands final logits, temperature 1)")
-
-    def __eq__(self, other):
-        if isinstance(other, ExactLog):
-            return self.ratio == other.ratio
-        if isinstance(other, (int, float, np.integer, np.floating)):
-            return float(self) == other
+    def __truediv__(self, t):
+        if _number(t):
+            t = Fraction(t) if isinstance(t, Rational) else Fraction(float(t))
+            if t == 0:
+                raise SpecrefError("a logit divided by a zero temperature (greedy rows take no division)")
+            return self._power(1 / t)
         return NotImplemented
+
+    def _key(self, other):
+        """The two sides of a comparison, exact where they can be; None for what is not a number."""
+        if isinstance(other, ExactLog):
+            return self.ratio, other.ratio
+        if not _number(other):
+            return None
+        x = float(other)
+        if x == -math.inf or x == math.inf or x == 0:
+            return self.ratio, (Fraction(0) if x == -math.inf else Fraction(1) if x == 0 else math.inf)
+        return float(self), x
 
     def __lt__(self, other):
-        if isinstance(other, ExactLog):
-            return self.ratio < other.ratio
-        if isinstance(other, (int, float, np.integer, np.floating)):
-            return float(self) < other
-        return NotImplemented
+        k = self._key(other)
+        return NotImplemented if k is None else k[0] < k[1]
+
+    def __le__(self, other):
+        k = self._key(other)
+        return NotImplemented if k is None else k[0] <= k[1]
+
+    def __gt__(self, other):
+        k = self._key(other)
+        return NotImplemented if k is None else k[0] > k[1]
+
+    def __ge__(self, other):
+        k = self._key(other)
+        return NotImplemented if k is None else k[0] >= k[1]
+
+    def __eq__(self, other):
+        k = self._key(other)
+        return NotImplemented if k is None else k[0] == k[1]
 
     def __hash__(self):
         return hash(("ExactLog", self.ratio))
@@ -456,12 +519,56 @@ def flashinfer_style(fn):
 # ---------------------------------------------------------------- references in the engines' calls
 
 
+def _show(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _draft_counts(num_draft_tokens) -> np.ndarray:
+    """``num_draft_tokens`` as int64 ``[B]``: a sequence (list, tuple, or a 1-D integer array) of
+    non-bool integers >= 0, at least one; else SpecrefError naming the entry."""
+    items = num_draft_tokens.tolist() if hasattr(num_draft_tokens, "tolist") else num_draft_tokens
+    if not isinstance(items, (list, tuple)):
+        raise SpecrefError(f"num_draft_tokens must be a sequence of draft counts (list[int], one per request), "
+                           f"got {type(num_draft_tokens).__name__} {_show(num_draft_tokens)}")
+    if not items:
+        raise SpecrefError("num_draft_tokens is empty: a batch has at least one request (B >= 1)")
+    for b, n in enumerate(items):
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+            raise SpecrefError(f"num_draft_tokens[{b}] = {_show(n)} is not an integer draft count "
+                               f"(a {type(n).__name__})")
+        if n < 0:
+            raise SpecrefError(f"num_draft_tokens[{b}] = {n} is negative: draft counts are >= 0")
+    return np.asarray(items, dtype=np.int64)
+
+
+def _int_rows(name: str, a) -> np.ndarray:
+    """An integer argument (ids or counts) on the host, int64; SpecrefError for another dtype."""
+    h = to_host(a) if a is not None else None
+    if h is None or h.dtype.kind not in "iu":
+        raise SpecrefError(f"{name} must hold integers, got "
+                           f"{'None' if h is None else f'dtype {h.dtype}'}")
+    return h.astype(np.int64)
+
+
+def _shape_of(a) -> tuple:
+    shape = getattr(a, "shape", None)
+    return tuple(np.shape(a) if shape is None else shape)
+
+
 def check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
                         draft_probs, target_logits, bonus_token_ids):
-    """Validate a vLLM-style flattened batch; host ``(x [T], k [B], V)``.  Messages name argument and row."""
-    x = to_numpy(draft_token_ids)
-    cu = to_numpy(cu_num_draft_tokens).astype(np.int64).reshape(-1)
-    k = np.asarray(list(num_draft_tokens), dtype=np.int64)
+    """Validate a vLLM-style flattened batch; host ``(x [T], k [B], V)``.  Messages name argument and row.
+
+    ``num_draft_tokens``: non-bool integers >= 0, one per request (B >= 1); ``max_spec_len``: a
+    non-bool int >= each of them; ``cu_num_draft_tokens``: inclusive cumulative counts;
+    ``draft_token_ids`` and ``bonus_token_ids``: integer ids in ``0..V-1``.
+    """
+    k = _draft_counts(num_draft_tokens)
+    if isinstance(max_spec_len, (bool, np.bool_)) or not isinstance(max_spec_len, (int, np.integer)):
+        raise SpecrefError(f"max_spec_len must be an integer (the most drafts a request has), got "
+                           f"{type(max_spec_len).__name__} {_show(max_spec_len)}")
+    cu = _int_rows("cu_num_draft_tokens", cu_num_draft_tokens).reshape(-1)
     B = cu.shape[0]
     if k.shape != (B,):
         raise SpecrefError(f"num_draft_tokens has {k.shape[0]} entries, cu_num_draft_tokens has {B}")
@@ -476,23 +583,29 @@ def check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_
     if (k > max_spec_len).any():
         b = int(np.argmax(k > max_spec_len))
         raise SpecrefError(f"num_draft_tokens[{b}] = {k[b]} (row {b}) exceeds max_spec_len = {max_spec_len}")
-    T = int(cu[-1]) if B else 0
+    T = int(cu[-1])
+    x = _int_rows("draft_token_ids", draft_token_ids)
     if x.shape != (T,):
         raise SpecrefError(f"draft_token_ids must have shape [T] = [{T}] (cu_num_draft_tokens[-1]), got {tuple(x.shape)}")
-    tshape = tuple(getattr(target_logits, "shape", ()))
-    if len(tshape) != 2 or tshape[0] != T:
-        raise SpecrefError(f"target_logits must have shape [T, V] = [{T}, V], got {list(tshape)}")
+    tshape = _shape_of(target_logits)
+    if len(tshape) != 2 or tshape[0] != T or tshape[1] == 0:
+        raise SpecrefError(f"target_logits must have shape [T, V] = [{T}, V] with V >= 1, got {list(tshape)}")
     V = tshape[1]
-    if draft_probs is not None and tuple(draft_probs.shape) != (T, V):
+    if draft_probs is not None and _shape_of(draft_probs) != (T, V):
         raise SpecrefError(f"draft_probs must have shape [T, V] = [{T}, {V}] like target_logits, "
-                           f"got {list(draft_probs.shape)}")
-    bonus = to_numpy(bonus_token_ids).astype(np.int64)
+                           f"got {list(_shape_of(draft_probs))}")
+    out = (x < 0) | (x >= V)
+    if out.any():
+        t = int(np.argmax(out))
+        raise SpecrefError(f"draft_token_ids[{t}] = {x[t]} (request {int(np.searchsorted(cu, t, side='right'))}) "
+                           f"is out of range for V = {V}")
+    bonus = _int_rows("bonus_token_ids", bonus_token_ids)
     if bonus.shape != (B, 1):
         raise SpecrefError(f"bonus_token_ids must have shape [B, 1] = [{B}, 1], got {tuple(bonus.shape)}")
     if ((bonus < 0) | (bonus >= V)).any():
         b = int(np.argmax(((bonus < 0) | (bonus >= V)).reshape(-1)))
         raise SpecrefError(f"bonus_token_ids[{b}] = {bonus[b, 0]} (row {b}) is out of range for V = {V}")
-    return x.astype(np.int64), k, V
+    return x, k, V
 
 
 def vllm_reference(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
@@ -516,6 +629,11 @@ def vllm_reference(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft
     t_host = softmax_rows(z)  # [T, V]: Fractions (ExactLog logits) or float64
     d_host = None if draft_probs is None else check_probability_rows("draft_probs", draft_probs)
     if d_host is not None:
+        zero = d_host[np.arange(x.shape[0]), x] == 0
+        if zero.any():
+            t = int(np.argmax(zero))
+            raise SpecrefError(f"draft_token_ids[{t}] = {x[t]} has draft_probs[{t}, {x[t]}] = 0: the draft cannot "
+                               f"have proposed it")
         t_host, d_host = same_kind(t_host, d_host)  # exact with exact; else float
     exact = t_host.dtype == object
     single = z.dtype == np.float32 and (d_host is None or d_host.dtype == np.float32)

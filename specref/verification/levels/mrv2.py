@@ -64,7 +64,7 @@ import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import lru_cache
-from numbers import Rational, Real
+from numbers import Real
 
 import numpy as np
 
@@ -73,6 +73,7 @@ from specref.core.errors import SpecrefError
 from specref.decoding.batched import PLACEHOLDER, batched_step
 from specref.verification.levels.batched import LEVELS as _BATCHED
 from specref.verification.levels.batched import BatchedCase, default_batched_cases, run_batched
+from specref.verification.levels.engines import ExactLog
 from specref.verification.running.level import Level
 from specref.verification.running.report import Report
 
@@ -104,129 +105,7 @@ REQUIRED = PARAMETERS[:11]
 """The arguments the level passes (the rest keep MRV2's defaults: strict rejection sampling)."""
 
 # ---------------------------------------------------------------- exact logarithms
-
-
-def _root(n: int, k: int) -> int | None:
-    """The integer ``k``-th root of ``n >= 0`` when it is exact, else None."""
-    if n < 2:
-        return n
-    x = math.isqrt(n) if k == 2 else int(round(n ** (1.0 / k)))
-    for c in (x - 1, x, x + 1):
-        if c >= 0 and c ** k == n:
-            return c
-    return None
-
-
-@lru_cache(maxsize=4096)
-def _power(r: Fraction, e: Fraction) -> Fraction:
-    """``r ** e`` when it is rational (``r >= 0``), else SpecrefError."""
-    if e == 0:
-        if r == 0:
-            raise SpecrefError("0 * log(0) is not a number (a zero temperature times a -inf logit)")
-        return Fraction(1)
-    if r == 0:
-        if e < 0:
-            raise SpecrefError("-inf scaled by a negative number is +inf: not a logit")
-        return r
-    p = r ** e.numerator if e > 0 else 1 / r ** -e.numerator  # Fraction ** int is exact
-    num, den = _root(p.numerator, e.denominator), _root(p.denominator, e.denominator)
-    if num is None or den is None:
-        raise SpecrefError(f"log({r}) * {e} is not the logarithm of a rational: exact mode needs temperatures "
-                           "whose powers stay rational (integer T for the draft logits)")
-    return Fraction(num, den)
-
-
-class ExactLog:
-    """``log(ratio)`` for a rational ``ratio >= 0`` (``ratio = 0`` is ``-inf``), exactly.
-
-    ``a + b`` and ``a - b`` (both ExactLog) are ``log(ra rb)`` and ``log(ra / rb)``; ``a * t`` and
-    ``a / t`` for a real ``t`` are ``log(ra ** t)`` and ``log(ra ** (1/t))`` when that power is
-    rational (else SpecrefError); comparisons order the ratios (with a number ``x``: exact for
-    ``x`` = 0 or an infinity, by ``float()`` otherwise); ``np.exp`` calls :meth:`exp`, the ratio.
-    """
-
-    __slots__ = ("ratio",)
-
-    def __init__(self, ratio):
-        r = ratio if type(ratio) is Fraction else Fraction(ratio)
-        if r.numerator < 0:
-            raise SpecrefError(f"ExactLog needs a ratio >= 0, got {ratio!r}")
-        self.ratio = r
-
-    def exp(self) -> Fraction:
-        return self.ratio
-
-    def __float__(self):
-        return math.log(self.ratio) if self.ratio > 0 else -math.inf
-
-    def _power(self, e) -> "ExactLog":
-        return ExactLog(_power(self.ratio, e if type(e) is Fraction else Fraction(e)))
-
-    def __add__(self, other):
-        if isinstance(other, ExactLog):
-            return ExactLog(self.ratio * other.ratio)
-        return NotImplemented
-
-    def __sub__(self, other):
-        if isinstance(other, ExactLog):
-            if other.ratio == 0:
-                raise SpecrefError("subtracting a -inf logit is not defined")
-            return ExactLog(self.ratio / other.ratio)
-        return NotImplemented
-
-    def __neg__(self):
-        return self._power(-1)
-
-    def __mul__(self, t):
-        if isinstance(t, (Real, np.floating, np.integer)) and not isinstance(t, (bool, np.bool_)):
-            return self._power(Fraction(t) if isinstance(t, Rational) else Fraction(float(t)))
-        return NotImplemented
-
-    __rmul__ = __mul__
-
-    def __truediv__(self, t):
-        if isinstance(t, (Real, np.floating, np.integer)) and not isinstance(t, (bool, np.bool_)):
-            t = Fraction(t) if isinstance(t, Rational) else Fraction(float(t))
-            if t == 0:
-                raise SpecrefError("a logit divided by a zero temperature (greedy rows take no division)")
-            return self._power(1 / t)
-        return NotImplemented
-
-    def _key(self, other):
-        if isinstance(other, ExactLog):
-            return self.ratio, other.ratio
-        x = float(other)
-        if x == -math.inf or x == math.inf or x == 0:
-            return self.ratio, (Fraction(0) if x == -math.inf else Fraction(1) if x == 0 else math.inf)
-        return float(self), x
-
-    def __lt__(self, other):
-        a, b = self._key(other)
-        return a < b
-
-    def __le__(self, other):
-        a, b = self._key(other)
-        return a <= b
-
-    def __gt__(self, other):
-        a, b = self._key(other)
-        return a > b
-
-    def __ge__(self, other):
-        a, b = self._key(other)
-        return a >= b
-
-    def __eq__(self, other):
-        if isinstance(other, (ExactLog, Real, np.floating, np.integer)):
-            a, b = self._key(other)
-            return a == b
-        return NotImplemented
-
-    def __hash__(self):
-        return hash(("ExactLog", self.ratio))
-
-    def __repr__(self):
-        return f"log({self.ratio})"
+# ExactLog lives in specref.verification.levels.engines (the vllm level's exact mode uses it too).
 
 
 def exact_logits(rows) -> np.ndarray:
