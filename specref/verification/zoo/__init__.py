@@ -1,6 +1,9 @@
 """The zoo: named wrong implementations, each changing one thing in the reference (SPEC §7):
 chain-level bugs (:mod:`~specref.verification.zoo.chain`), engine-shaped batched bugs
-(:mod:`~specref.verification.zoo.engines`) and tree bugs (:mod:`~specref.verification.zoo.trees`).
+(:mod:`~specref.verification.zoo.engines`), tree bugs (:mod:`~specref.verification.zoo.trees`),
+cross-vocabulary mistakes (:mod:`~specref.verification.zoo.cross_vocab`) and implementations that
+keep state between calls, each right on every case alone
+(:mod:`~specref.verification.zoo.stateful`: ``stateful.entries()``, caught by the runner's state check).
 
 ``specref.verification.zoo`` re-exports the chain zoo, so 0.2's ``zoo.entries()`` keeps working.
 """
