@@ -3,6 +3,7 @@
 import itertools
 import re
 import math
+import time
 from dataclasses import replace
 from fractions import Fraction
 
@@ -313,6 +314,83 @@ def test_bad_tree_cases_are_named():
     with pytest.raises(SpecrefError, match="tree.target"):
         check("tree_coins", C.sglang_coin_kernel, cases=[C.TreeCoinCase("x", thirds)])
     assert OK == "ok"
+
+
+# ---------------------------------------------------------------- outputs whose conversion misbehaves
+
+
+class _ExitsWhenRead:
+    """A kernel output whose every conversion (``__array__``, iteration, indexing, ``len``) raises SystemExit."""
+
+    def __array__(self, *args, **kwargs):
+        raise SystemExit(3)
+
+    __iter__ = __getitem__ = __len__ = __array__
+
+
+class _SlowOnce:
+    """Wraps a real output; the first conversion sleeps 3 s (a stand-in for forever that ends, so that a
+    parse outside the time limit makes the case pass slowly instead of hanging the suite)."""
+
+    def __init__(self, out, state):
+        self.out, self.state = out, state
+
+    def _first(self):
+        if not self.state.get("slept"):
+            self.state["slept"] = True
+            time.sleep(3)
+
+    def __array__(self, *args, **kwargs):
+        self._first()
+        return np.asarray(self.out)
+
+    def __getitem__(self, i):
+        self._first()
+        return self.out[i]
+
+
+@pytest.mark.parametrize("level, kernel, wrap, status, word", [
+    ("batched_coins", C.engine_coin_kernel, lambda out, state: _ExitsWhenRead(), INVALID, "SystemExit"),
+    ("batched_coins", C.engine_coin_kernel, _SlowOnce, "timeout", "time_limit"),
+    ("tree_coins", C.sglang_coin_kernel, lambda out, state: (_ExitsWhenRead(), out[1]), INVALID, "SystemExit"),
+    ("tree_coins", C.sglang_coin_kernel, lambda out, state: (_SlowOnce(out[0], state), out[1]), "timeout",
+     "time_limit"),
+])
+def test_an_output_whose_conversion_exits_or_hangs_is_a_status(level, kernel, wrap, status, word):
+    """The output is parsed inside the guarded call: a conversion that raises SystemExit is ``invalid
+    output``, one that does not end is ``timeout`` within ``time_limit`` (0.3 s; the sleep is 3 s), at both
+    coin levels -- never an escape (``internal error``) or a wait."""
+    state = {}
+
+    def hostile(*args):
+        return wrap(kernel(*args), state)
+
+    cases = (C.default_coin_cases() if level == "batched_coins" else C.default_tree_coin_cases())[:1]
+    t0 = time.monotonic()
+    r = check(level, hostile, cases=cases, time_limit=0.3).results[0]
+    assert r.status == status and word in r.detail, r
+    assert time.monotonic() - t0 < 2.5, "the conversion was stopped at the time limit, not waited for"
+
+
+class _EndlessRows:
+    """``accept_index`` whose every row is an endless iterator (0, 1, 2, ...)."""
+
+    def __getitem__(self, b):
+        return itertools.count()
+
+
+@pytest.mark.parametrize("garbage, words", [
+    (lambda out: None, "not (accept_index [B, S], next_tokens [B])"),
+    (lambda out: ([[0, 99]] * len(out[1]), out[1]), "is not a path of the tree"),
+    (lambda out: (out[0], [7] * len(out[1])), "next token 7 outside the vocabulary"),
+    (lambda out: (_EndlessRows(), out[1]), "more than"),
+])
+def test_a_tree_kernel_that_returns_garbage_is_an_invalid_output(garbage, words):
+    """Nothing, a path the tree does not have, a token outside the vocabulary, and endless rows
+    (read to a bound, not to the end) are ``invalid output`` naming what is wrong."""
+    r = check("tree_coins", lambda *args: garbage(C.sglang_coin_kernel(*args)),
+              cases=C.default_tree_coin_cases()[:1], time_limit=5).results[0]
+    assert r.status == INVALID and words in r.detail, r
 
 
 def _mirrored_kernel(p_target, q_draft, draft_tokens, uniform_coins, final_coins):

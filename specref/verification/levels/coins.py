@@ -67,7 +67,7 @@ from specref.verification.laws.enumeration import compare, law, target_law
 from specref.verification.levels.batched import BatchedCase, parse_output, row_law
 from specref.verification.levels.runner import run_cases
 from specref.verification.levels.trees import TreeCase, batched_reference_kernel, memo_rows
-from specref.verification.running.calling import Misbehaved, call
+from specref.verification.running.calling import Misbehaved, call, foreign
 from specref.verification.running.level import Level
 from specref.verification.running.report import BUDGET, DIFFERS, INVALID, OK, CaseResult
 
@@ -450,10 +450,9 @@ def _batched_coin_case(kernel, case, settings):
             c = coins.reshape(B, K1)
             u, fin = c[:, :K].copy(), c[:, K].copy()
             at = f"uniform_coins = {u.tolist()}, final_coins = {fin.tolist()}, draft_tokens = {x.tolist()}"
-            try:
-                out = call(kernel, (p_in.copy(), None if q_in is None else q_in.copy(), x.copy(), u, fin), {},
-                           settings.time_limit)
-                tokens, n = parse_output(out, B, K, V, k, x, what="kernel")
+            try:  # the output is parsed inside the guarded call: a conversion that raises or hangs is a status
+                tokens, n = call(kernel, (p_in.copy(), None if q_in is None else q_in.copy(), x.copy(), u, fin), {},
+                                 settings.time_limit, convert=lambda out: parse_output(out, B, K, V, k, x, what="kernel"))
             except Misbehaved as m:
                 raise Misbehaved(m.status, f"{m.detail} (at {at})") from None
             return tuple(tuple(int(t) for t in tokens[b, :n[b]]) for b in range(B))
@@ -635,22 +634,10 @@ def _tree_coin_laws(kernel, case: TreeCoinCase, settings, stats):
             at = f"uniform_samples = {u.tolist()}, uniform_final = {fin.tolist()}"
             args = ([list(a) for a, _, _ in links], [list(f_) for _, f_, _ in links], [list(s) for _, _, s in links],
                     u, fin, p_in.copy())
-            try:
-                out = call(kernel, args, {}, settings.time_limit)
-                try:
-                    accept_index, tokens = out
-                    rows = []
-                    for b in range(batch):
-                        path = trees[b].check_path([int(i) for i in list(accept_index[b])[1:] if int(i) != -1])
-                        token = int(tokens[b])
-                        if not 0 <= token < V:
-                            raise SpecrefError(f"row {b}: next token {token} outside the vocabulary 0..{V - 1}")
-                        rows.append((tuple(path), token))
-                except (TypeError, ValueError, IndexError) as e:
-                    raise Misbehaved(INVALID, f"kernel returned {out!r:.300}: {e}") from None
+            try:  # the output is parsed inside the guarded call: a conversion that raises or hangs is a status
+                return call(kernel, args, {}, settings.time_limit, convert=lambda out: _tree_output(out, trees, V))
             except Misbehaved as m:
                 raise Misbehaved(m.status, f"{m.detail} (at {at})") from None
-            return tuple(rows)
 
         names = (lambda d: f"uniform_samples[{d // (N + 1)}, {d % (N + 1)}]" if d % (N + 1) < N
                  else f"uniform_final[{d // (N + 1)}]")
@@ -726,6 +713,35 @@ def _tree_coin_laws(kernel, case: TreeCoinCase, settings, stats):
     grid = blocks(ref_prefixes)
     tight = grid == closed
     return blocks(got_prefixes), closed if tight else grid, tight
+
+
+_MAX_WIDTH = 64  # entries of an accept_index row read per tree node (-1 padding included), at most
+
+
+def _tree_output(out, trees, V) -> tuple:
+    """A tree kernel's ``(accept_index [B, S], next_tokens [B])`` as ``((path, next token), ...)`` per row,
+    or ``Misbehaved(INVALID)``.  Runs as :func:`call`'s ``convert`` (inside the time limit); everything
+    that touches ``out`` runs under :func:`foreign`, so that whatever its methods raise (``SystemExit``
+    included) is ``invalid output``.  A row of ``accept_index`` is read to at most ``_MAX_WIDTH``
+    entries per node (a path has at most ``N``, the rest is -1 padding): an endless row is refused."""
+    batch, N = len(trees), trees[0].size
+    most = _MAX_WIDTH * (N + 1)
+    with foreign("kernel returned an output that is not (accept_index [B, S], next_tokens [B])"):
+        accept_index, tokens = out
+        index_rows = [[int(i) for i in itertools.islice(iter(accept_index[b]), most + 1)] for b in range(batch)]
+        next_tokens = [int(tokens[b]) for b in range(batch)]
+    rows = []
+    for b, (index, token) in enumerate(zip(index_rows, next_tokens)):
+        if len(index) > most:
+            raise Misbehaved(INVALID, f"row {b}: accept_index has more than {most} entries for a tree of {N} nodes")
+        try:
+            path = trees[b].check_path([i for i in index[1:] if i != -1])
+        except (TypeError, ValueError, IndexError) as e:
+            raise Misbehaved(INVALID, f"row {b}: accept_index {index} is not a path of the tree: {e}") from None
+        if not 0 <= token < V:
+            raise Misbehaved(INVALID, f"row {b}: next token {token} outside the vocabulary 0..{V - 1}")
+        rows.append((tuple(path), token))
+    return tuple(rows)
 
 
 def _impossible_kernel_outputs(stats, target_row):
