@@ -206,29 +206,27 @@ def _run_name(cases, i, before, isolate) -> str:
 
 def _judged_twice(first: CaseResult, again: CaseResult, runs: tuple, tolerance: float) -> CaseResult:
     """The verdict on a case judged in two runs (``runs``: their names, the second run's first):
-    ``stateful`` when both have laws and they differ (Fractions: at all; floats: by more than
-    ``tolerance``), else when the verdicts differ, or exact TVs to the target do."""
+    ``stateful`` when both carry laws and they differ (Fractions: at all; floats: by more than
+    ``tolerance``), when the verdicts differ, or when exact TVs to the target do."""
     second_run, first_run = runs
     if again.status in (TIMEOUT, INTERNAL):
         again.detail, again.law = f"{second_run} (the state check's second run): {again.detail}", None
         return again
     tv = max((r.tv for r in (first, again) if r.tv is not None), default=None)
-    if first.law is not None and again.law is not None:
-        c = compare(again.law, first.law, top=2)
-        if not (c.tv > 0 if c.exact else c.tv > tolerance):
-            return first  # the same law (a verdict that moved with it sits at the tolerance's edge)
+    c = None if first.law is None or again.law is None else compare(again.law, first.law, top=2)
+    if c is not None and (c.tv > 0 if c.exact else c.tv > tolerance):
         exactly = f" = {c.tv}" if c.exact else ""
         worst = ", ".join(f"{o}: {float(a):.4g} vs {float(b):.4g}" for o, a, b in c.worst)
-        return CaseResult(first.case, STATEFUL, tv=tv, detail=(
-            f"{second_run}: law differs from {first_run} (TV {float(c.tv):.4g}{exactly}; verdicts {again.status} "
-            f"vs {first.status}); worst outputs (output, second run, first run): {worst}"))
-    if again.status != first.status:
+        detail = (f"{second_run}: law differs from {first_run} (TV {float(c.tv):.4g}{exactly}; verdicts "
+                  f"{again.status} vs {first.status}); worst outputs (output, second run, first run): {worst}")
+    elif again.status != first.status:
         said = f"{again.status}" + (f" ({again.detail})" if again.detail else "")
-        return CaseResult(first.case, STATEFUL, tv=tv, detail=f"{second_run}: {said}; {first_run}: {first.status}")
-    if isinstance(first.tv, Fraction) and isinstance(again.tv, Fraction) and first.tv != again.tv:
-        return CaseResult(first.case, STATEFUL, tv=tv, detail=(
-            f"{second_run}: TV to the target {again.tv} differs from {first_run}: {first.tv}"))
-    return first
+        detail = f"{second_run}: {said}; {first_run}: {first.status}"
+    elif isinstance(first.tv, Fraction) and isinstance(again.tv, Fraction) and first.tv != again.tv:
+        detail = f"{second_run}: TV to the target {again.tv} differs from {first_run}: {first.tv}"
+    else:
+        return first
+    return dataclasses.replace(again, case=first.case, status=STATEFUL, tv=tv, detail=detail, law=None)
 
 
 def exact_verdict(case, program, expected, settings: Settings) -> CaseResult:
