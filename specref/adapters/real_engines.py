@@ -94,6 +94,7 @@ __all__ = [
     "installed_vllm",
     "mrv2_engine",
     "sglang_chain_engine",
+    "sglang_chain_coin_kernel",
     "sglang_greedy_tree_engine",
     "greedy_tree_step",
     "check_greedy_tree",
@@ -887,11 +888,28 @@ def sglang_chain_engine(cache=None):
     ``predicts[accept_index[b, :accept_token_num[b] + 1]]``.  Ragged rows are refused
     (SGLang's call is dense).
     """
-    chain, shim = _sglang("chain", cache)
+    call = _sglang_chain_call(cache)
     import torch  # noqa: PLC0415
 
     def step_fn(p_target, q_draft, draft_tokens, seed):
         seed = _statistical_seed(seed, "SGLang's chain_speculative_sampling_triton")
+        B, K1 = np.shape(draft_tokens)[0], np.shape(draft_tokens)[1] + 1
+        g = torch.Generator().manual_seed(int(_seeds(seed, 1, 3)[0]))
+        coins = torch.rand((B, K1), dtype=torch.float32, generator=g)
+        final = torch.rand((B,), dtype=torch.float32, generator=g)
+        return call(p_target, q_draft, draft_tokens, coins, final)
+
+    step_fn.__name__ = "sglang_chain_speculative_sampling_triton"
+    return step_fn
+
+
+def _sglang_chain_call(cache=None):
+    """``call(p_target, q_draft, draft_tokens, coins [B, K+1], final [B]) -> (tokens, n_accepted,
+    n_emitted)``: SGLang's chain kernel on the given float32 coins (:func:`sglang_chain_engine`)."""
+    chain, shim = _sglang("chain", cache)
+    import torch  # noqa: PLC0415
+
+    def call(p_target, q_draft, draft_tokens, coins, final):
         p = _f32(p_target, torch)
         x = np.asarray(to_numpy(draft_tokens), dtype=np.int64)
         B, K1, V = p.shape
@@ -909,9 +927,6 @@ def sglang_chain_engine(cache=None):
         next_token = torch.full((B, K1), -1, dtype=torch.int64)
         next_token[:, :-1] = torch.arange(1, K1)
         next_sibling = torch.full((B, K1), -1, dtype=torch.int64)
-        g = torch.Generator().manual_seed(int(_seeds(seed, 1, 3)[0]))
-        coins = torch.rand((B, K1), dtype=torch.float32, generator=g)
-        final = torch.rand((B,), dtype=torch.float32, generator=g)
         predicts = torch.zeros(B * K1, dtype=torch.int32)
         accept_index = torch.full((B, K1), -1, dtype=torch.int32)
         accept_num = torch.zeros(B, dtype=torch.int32)
@@ -926,8 +941,30 @@ def sglang_chain_engine(cache=None):
             tokens[b, :n[b] + 1] = pr[ai[b, :n[b] + 1]]
         return tokens, n, n + 1
 
-    step_fn.__name__ = "sglang_chain_speculative_sampling_triton"
-    return step_fn
+    return call
+
+
+def sglang_chain_coin_kernel(cache=None):
+    """SGLang 0.5.23's ``chain_speculative_sampling_triton`` in the ``batched_coins`` level's call
+    (exact): ``kernel(p_target, q_draft, draft_tokens, uniform_coins [B, K], final_coins [B])``.
+
+    The kernel takes its coins as tensors, so no seam is needed: ``uniform_samples[b, i] =
+    uniform_coins[b, i]`` tests draft ``i`` (the kernel reads column ``step - 1`` at step
+    ``step``; its last column is never read and holds 1/2), and
+    ``uniform_samples_for_final_sampling = final_coins``, all float32 (what SGLang draws).
+    Otherwise the call is :func:`sglang_chain_engine`'s."""
+    call = _sglang_chain_call(cache)
+    import torch  # noqa: PLC0415
+
+    def kernel(p_target, q_draft, draft_tokens, uniform_coins, final_coins):
+        u = np.asarray(uniform_coins, dtype=np.float32)
+        coins = torch.full((u.shape[0], u.shape[1] + 1), 0.5, dtype=torch.float32)
+        coins[:, :-1] = torch.from_numpy(np.ascontiguousarray(u))
+        final = torch.from_numpy(np.ascontiguousarray(np.asarray(final_coins, dtype=np.float32)))
+        return call(p_target, q_draft, draft_tokens, coins, final)
+
+    kernel.__name__ = "sglang_chain_speculative_sampling_triton_coins"
+    return kernel
 
 
 def sglang_greedy_tree_engine(cache=None):

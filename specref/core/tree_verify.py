@@ -18,7 +18,7 @@ Which drafting each rule assumes (the oracle drafts accordingly):
 ====================  ===========================================  ===============
 verifier              children of a node                            lossless
 ====================  ===========================================  ===============
-pointmass_verify      chosen without the coins (top-k), any repeat  yes
+pointmass_verify      chosen without coins (top-k), any repeat      yes
 rrs_with_replacement  i.i.d. from ``q_draft[node]``                 yes
 rrs_without_repl.     drawn without replacement from ``q``          yes
 kseq_verify           i.i.d. from ``q_draft[node]``                 yes
