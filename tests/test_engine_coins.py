@@ -161,10 +161,17 @@ def _fake_vllm(without=()):
 def test_the_seam_replaces_the_two_coin_functions_for_the_call_only():
     from specref.adapters.engines import vllm_engine
 
+    import torch
+
     mod = _fake_vllm()
     original = mod.generate_uniform_probs
-    report = _run(vllm_engine(mod.rejection_sample, device="cpu"))
-    assert report.ok, report
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # rows of four tokens: the intra-op pool would cost ten times the work
+    try:
+        report = _run(vllm_engine(mod.rejection_sample, device="cpu"), cases=ec.default_vllm_coin_cases()[::2])
+    finally:
+        torch.set_num_threads(threads)
+    assert report.ok and len(report.results) == 2, report
     assert all(f is not original for f in mod.SEEN)  # inside the call: the seam's function
     assert mod.generate_uniform_probs is original  # afterwards: the engine's own again
 
@@ -203,3 +210,32 @@ def test_the_real_vllm_through_the_seam(kernels):
         twin = _run(_float32_coin_kernel, cases=[CASE]).results[0]
     assert got.status == twin.status != "ok", (got, twin)
     assert got.detail.split(";")[0] == twin.detail.split(";")[0], (got.detail, twin.detail)
+
+
+# ---------------------------------------------------------------- SGLang's chain kernel, coins in (batched_coins)
+
+_BASE = default_coin_cases()[0]
+# row 0 of the dense float32 case: drafts (1, 2) draft a p = 0 token first; (0, 3) accept with 1/2, then surely
+SGLANG_CASE = CoinCase("V4-K2-B1", _BASE.p_target[:1], _BASE.q_draft[:1], drafts=(((1, 2),), ((0, 3),)), probes=4)
+
+
+@pytest.mark.skipif(engines_missing(), reason=engines_missing() or "")
+def test_sglangs_chain_kernel_takes_its_coins_and_passes_exactly_and_its_inclusive_mutant_is_caught_at_u_zero():
+    """The real kernel on boundary coins: TV exactly 0; with ``coin * q < p`` turned into ``<=``
+    (a mutant the statistical catalogue calls invisible) the coin level names the u = 0 acceptance
+    of a p = 0 draft."""
+    from specref.adapters import mutants
+    from specref.adapters.real_engines import sglang_chain_coin_kernel
+
+    clean = check("batched_coins", sglang_chain_coin_kernel(), cases=[SGLANG_CASE], mode="exact", isolate=False)
+    assert clean.ok and clean.results[0].tv == 0, clean
+    (m,) = mutants.mutants("sglang-chain", "ratio-test-non-strict")
+    with mutants.mutate(m) as tree:
+        kernel = sglang_chain_coin_kernel(cache=tree.cache)
+        with tree.probe() as probe:
+            got = check("batched_coins", kernel, cases=[SGLANG_CASE], mode="exact", isolate=False).results[0]
+        assert probe.ran and tree.loaded_line(kernel)["holds_marker"] is not None
+    # the p = 0 draft is accepted exactly when its float32 coin is 0: mass 2^-24, above the exact
+    # tolerance (1e-9) for float32 coins, so the status is differs, and the detail names the coin
+    assert got.status == "differs" and got.tv == Fraction(1, 2**24), got
+    assert "uniform_coins[0, 0] = 0 (one grid point)" in got.detail, got.detail

@@ -233,3 +233,19 @@ def test_sglangs_kernel_in_the_step_form():
     kernel, _ = real_sglang_greedy()
     report = check("greedy_tree_step", sglang_step(kernel), time_limit=60.0)
     assert report.ok, str(report)
+
+
+def test_statistical_mode_runs_isolated_by_default():
+    """An implementation that ends its process is a status, not the end of the check: the greedy
+    levels' statistical mode runs each case in a forked worker unless told otherwise."""
+    import os
+
+    parent = os.getpid()
+
+    def exits(tree, p_target, rng):
+        if os.getpid() != parent:
+            os._exit(0)
+        raise RuntimeError("called in the checking process")
+
+    report = check("greedy_tree_step", exits, mode="statistical", samples=50)
+    assert report.results and {r.status for r in report.results} == {"crashed"}, report

@@ -171,11 +171,11 @@ def vllm_engine(rejection_sample, *, generators: str = "per_request", device=Non
         if not isinstance(meta, SamplingMetadata):
             raise SpecrefError(f"sampling_metadata must be specref's SamplingMetadata "
                                f"(specref.verification.levels.engines), got {type(meta).__name__}")
+        check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                            target_logits, bonus_token_ids)
         coins = getattr(meta, "uniform_probs", None) is not None
         seeds = meta.request_seeds(len(num_draft_tokens)) if generators == "per_request" and not coins else None
         global_seed = meta.global_seed() if generators == "global" and not coins else None
-        check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                            target_logits, bonus_token_ids)
         if draft_probs is not None:
             check_probability_rows("draft_probs", draft_probs)
         check_logit_rows("target_logits", target_logits)

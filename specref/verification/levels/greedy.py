@@ -481,7 +481,8 @@ def _runner(program_of):
                 return partial(_point_mass_verdict, case, recipe, expected, settings, seed, ties=ties)
             return partial(sampled_verdict, case, recipe, expected, settings, seed)
 
-        return run_cases(level, cases, settings, validate=_validate, exact=exact, statistical=statistical)
+        return run_cases(level, cases, settings, validate=_validate, exact=exact, statistical=statistical,
+                         fn=fn)
 
     return run
 
