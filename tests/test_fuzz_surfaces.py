@@ -1061,3 +1061,23 @@ def test_the_three_false_passes_of_the_real_cli_exit_nonzero(tmp_path):
         run = subprocess.run([sys.executable, "-m", "specref.verify", *args], capture_output=True, text=True,
                              timeout=300, env=env, cwd=ROOT)
         assert run.returncode == code, (what, run.stdout[-1000:], run.stderr[-1000:])
+
+
+def test_vllm_coins_outputs_and_failures_are_statuses():
+    """The vllm_coins level calls an implementation hundreds of times per case, in vLLM's call: a
+    returned object that exits or hangs in its conversion, garbage, an exception of any class, or a
+    kernel that follows its coins continuously gets a status; the reference passes."""
+    from specref.verification.levels import engine_coins as ec
+
+    case = [ec.default_vllm_coin_cases()[0]]
+    ones = lambda *a: np.zeros((2, 3), dtype=np.int64)  # noqa: E731 - every row's first token 0: not the draft
+    kinds = {"SystemExit in .cpu()": lambda *a: _Obj(shape=(2, 3), cpu=_exits()),
+             "hanging __array__": lambda *a: _Obj(shape=(2, 3), array=_sleeps),
+             "raises SystemExit": _raiser(SystemExit(0)), "raises KeyboardInterrupt": _raiser(KeyboardInterrupt()),
+             "returns None": lambda *a: None, "wrong shape": lambda *a: np.zeros((3, 3), dtype=np.int64),
+             "never the drafts": ones,
+             "follows its coins": lambda *a: np.array([[int(1e6 * a[7].uniform_probs[0]) % 4, -1, -1]] * 2)}
+    statuses = _clean(_tally(lambda fn: check("vllm_coins", fn, cases=case, time_limit=LIMIT), kinds,
+                             {"reference": ec.vllm_coin_reference}))
+    assert statuses["SystemExit in .cpu()"] == ["invalid output"] and statuses["hanging __array__"] == ["timeout"]
+    assert statuses["raises KeyboardInterrupt"] == ["raised"] and statuses["wrong shape"] == ["invalid output"]
