@@ -172,10 +172,12 @@ def _check_state(results, cases, bodies, settings: Settings, *, isolate: bool, r
     first = [None] * n if isolate else [None] + list(range(n - 1))
     start = None if isolate else n - 1
     order = second_order(cases, passed, first, settings.seed, start=start)
+    limit = settings.case_time_limit
+    if isolate and isinstance(limit, (int, float)):
+        limit = 2 * limit  # a worker runs the predecessor, then the case
     for i, before in zip(order, _predecessors(order, start)):
         body = _after(bodies[before], bodies[i]) if isolate else bodies[i]
-        again = run_case(body, cases[i], isolate=isolate, time_limit=settings.time_limit,
-                         case_time_limit=settings.case_time_limit * (2 if isolate else 1))
+        again = run_case(body, cases[i], isolate=isolate, time_limit=settings.time_limit, case_time_limit=limit)
         if recheck is not None:
             again = recheck(cases[i], again)
         runs = (_run_name(cases, i, before, isolate), _run_name(cases, i, first[i], isolate))
