@@ -14,7 +14,9 @@ It prints, and checks:
 4. negative controls: every wrong implementation of :mod:`specref.verification.zoo.chain` (SPEC §7),
    run through the same decoder matrix when it is a probability-level step and
    through the oracle at its own level otherwise -- each must be detected (TV > 0);
-   approximate algorithms are reported with their exact TV.
+   approximate algorithms are reported with their exact TV; and every entry of
+   :mod:`specref.verification.zoo.stateful`, each case in a fresh worker, which must be
+   reported ``stateful`` (SPEC §13.5).
 
 Exit status 0 only when every correct scenario has TV <= 1e-12 (exactly 0 in
 rational mode) and every negative control is detected.
@@ -39,6 +41,7 @@ import sys
 import time
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import partial
 
 import numpy as np
 
@@ -419,7 +422,29 @@ def controls() -> list[Scenario]:
 
         scenarios.append(Scenario(f"{kind} {entry.name} ({label}) oracle {entry.level}-level cases", kind, run,
                                   quick=entry.level != "step"))
-    return scenarios
+    return scenarios + stateful_controls()
+
+
+def stateful_controls() -> list[Scenario]:
+    """Every entry of :mod:`specref.verification.zoo.stateful`, each case in a fresh worker (as the
+    CLI runs it): right on every case alone, so only the state check (SPEC §13.5) flags it; the
+    row is detected when some case is ``stateful``.  The batched row runs two of the level's default
+    cases (the others enumerate grid coins for seconds each and add nothing here)."""
+    from specref.verification import oracle
+    from specref.verification.running.report import STATEFUL
+    from specref.verification.zoo import stateful
+
+    def run(entry):
+        cases = LEVELS[entry.level].cases()
+        if entry.level == "batched":
+            cases = [c for c in cases if c.name in ("p-equals-q-row", "zero-draft-row")]
+        report = oracle.check(entry.level, entry.make(), mode="exact", isolate=True, cases=cases)
+        caught = [r for r in report.results if r.status == STATEFUL]
+        return {"tv": None, "n_outputs": None, "paths": None, "flagged": bool(caught),
+                "detail": caught[0].detail[:200] if caught else "no case stateful"}
+
+    return [Scenario(f"control {e.name} (keeps state between calls) oracle {e.level}-level cases, isolated",
+                     "control", partial(run, e)) for e in stateful.entries()]
 
 
 def control_cases(level):
