@@ -85,7 +85,8 @@ def test_transformers_cache_is_updated_in_place_and_crops():
     cache = DynamicCache()
     t(torch.tensor([[0, 1, 2]]), past_key_values=cache, use_cache=True)
     assert cache.get_seq_length() == 3
-    cache.crop(-1)  # transformers 5.x: a negative count removes that many tokens
+    cache = crop(cache, 1)
+    assert cache.get_seq_length() == 2
     out = t(torch.tensor([[1]]), past_key_values=cache)
     assert t.calls[-1][0] == [0, 1, 1]
     torch.testing.assert_close(out.logits[0, -1], t(torch.tensor([[0, 1, 1]])).logits[0, -1])
@@ -102,10 +103,24 @@ def test_bad_input_ids_name_the_argument():
 
 
 def test_generation_config_maps_the_sampling_settings():
-    g = generation_config(SamplingConfig(temperature=0.5, top_k=2, top_p=0.9, min_p=0.1), stop_tokens=(2,), k=3)
-    assert (g.do_sample, g.temperature, g.top_k, g.top_p, g.min_p, g.eos_token_id) == (True, 0.5, 2, 0.9, 0.1, 2)
-    assert g.num_assistant_tokens_schedule == "constant" and g.assistant_confidence_threshold == 0.0
+    g = generation_config(SamplingConfig(temperature=0.5, top_k=2, top_p=0.9), stop_tokens=(2,), k=3)
+    assert (g.do_sample, g.temperature, g.top_k, g.top_p, g.eos_token_id) == (True, 0.5, 2, 0.9, 2)
+    assert g.num_assistant_tokens == 3 and g.num_assistant_tokens_schedule == "constant"
+    assert g.assistant_confidence_threshold == 0.0
     assert generation_config(SamplingConfig(temperature=0)).do_sample is False
+
+
+def test_min_p_maps_or_is_refused_where_transformers_has_no_min_p():
+    from transformers import GenerationConfig
+
+    from specref.core.errors import SpecrefError
+
+    min_p = SamplingConfig(min_p=0.1)
+    if "min_p" in vars(GenerationConfig()):  # transformers 4.41 on
+        assert generation_config(min_p).min_p == 0.1
+    else:  # 4.40: the field would be stored and never applied
+        with pytest.raises(SpecrefError, match=r"config.min_p is 0.1 .* no min_p"):
+            generation_config(min_p)
 
 
 # ---------------------------------------------------------------- (c) PreTrainedModel
@@ -144,8 +159,20 @@ def _sample(p):
     return int(torch.multinomial(p, 1))
 
 
+def crop(cache, drop):
+    """``cache`` without its last ``drop >= 1`` tokens: ``Cache.crop(-drop)`` where the installed transformers
+    has it (4.42 on; 5.x takes only the negative count); a 4.40 or 4.41 ``DynamicCache`` has none, so its
+    ``(keys, values)`` layers are sliced into a new one, the legacy idiom."""
+    assert drop >= 1  # crop(0) would empty a 4.x cache
+    if hasattr(cache, "crop"):
+        cache.crop(-drop)
+        return cache
+    keep = cache.get_seq_length() - drop
+    return type(cache).from_legacy_cache(tuple((k[:, :, :keep], v[:, :, :keep]) for k, v in cache))
+
+
 def hf_style_decode(target, draft, input_ids, *, gamma, max_new_tokens, temperature=1.0, refeed=False):
-    """Speculative sampling as public PyTorch repositories write it for transformers 5: HF-style models,
+    """Speculative sampling as public PyTorch repositories write it for transformers: HF-style models,
     sizes from ``model.config``, the target's cache as the first call returns it, cropped after a rejection."""
     V = target.config.vocab_size
     assert draft.config.vocab_size == V
@@ -169,7 +196,7 @@ def hf_style_decode(target, draft, input_ids, *, gamma, max_new_tokens, temperat
         else:
             nxt = _sample(ps[gamma])
         if n < gamma:
-            past.crop(n - gamma)  # drop the rejected draft tokens (a negative count: transformers 4.x and 5.x)
+            past = crop(past, gamma - n)  # drop the rejected draft tokens
         seq += drafted[:n] + [nxt]
     return seq[n0:n0 + max_new_tokens]
 
@@ -255,7 +282,7 @@ def test_a_transformers_cache_handed_in_comes_back_updated():
 
 
 def test_the_hand_written_loop_reads_config_and_cache_exactly():
-    """The transformers-5 loop above, with the draft always accepted (p = q), gives target samples."""
+    """The hand-written loop above, with the draft always accepted (p = q), gives target samples."""
     case = next(c for c in default_cases("decoder") if c.name == "p-equals-q")
     t, d = case_torch_models(case)
     torch.manual_seed(0)

@@ -47,7 +47,6 @@ def hf_processors(config: SamplingConfig):
     """transformers' warpers for ``config``, in the order ``generate`` appends them (sampling only)."""
     from transformers.generation.logits_process import (
         LogitsProcessorList,
-        MinPLogitsWarper,
         TemperatureLogitsWarper,
         TopKLogitsWarper,
         TopPLogitsWarper,
@@ -61,6 +60,8 @@ def hf_processors(config: SamplingConfig):
     if config.top_p < 1:
         procs.append(TopPLogitsWarper(top_p=float(config.top_p)))
     if config.min_p > 0:
+        from transformers.generation.logits_process import MinPLogitsWarper  # transformers 4.41 on
+
         procs.append(MinPLogitsWarper(min_p=float(config.min_p)))
     return procs
 

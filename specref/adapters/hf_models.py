@@ -156,12 +156,18 @@ def generation_config(config: SamplingConfig = SamplingConfig(), *, stop_tokens=
     Temperature 0 becomes ``do_sample=False`` (greedy); top-k, top-p and min-p map
     one to one; the first stop token is ``eos_token_id`` (all of them when several).
     ``k`` sets a fixed ``num_assistant_tokens`` and switches off the adaptive schedule
-    and the assistant's confidence threshold, so that every draft block has K tokens.
+    and the assistant's confidence threshold (older releases, 4.40 among them, have no such
+    threshold and store the field unread), so that every draft block has K tokens.
+    A ``min_p > 0`` where the installed ``GenerationConfig`` has no ``min_p`` field (4.40)
+    is refused: it would be stored and never applied.
     """
     from transformers import GenerationConfig
 
     if not isinstance(config, SamplingConfig):
         raise SpecrefError(f"config must be a SamplingConfig, got {config!r}")
+    if config.min_p > 0 and "min_p" not in vars(GenerationConfig()):
+        raise SpecrefError(f"config.min_p is {config.min_p} but the installed transformers' GenerationConfig "
+                           "has no min_p (it would be ignored): use transformers >= 4.41 or min_p=0")
     stops = [int(t) for t in stop_tokens]
     kwargs = dict(do_sample=not config.greedy, pad_token_id=stops[0] if stops else 0,
                   eos_token_id=(stops[0] if len(stops) == 1 else stops) if stops else None)
@@ -348,7 +354,20 @@ def _hf_classes():
                 out[cache_field] = updated
             return out
 
+    if not HFTableModel.can_generate():  # a GenerationMixin that leaves the model inputs to the model (4.40-4.44)
+        HFTableModel.prepare_inputs_for_generation = _inputs_for_generation
     return config_class, _named(HFTableModel, "HFTableModel")
+
+
+def _inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, use_cache=None, **kwargs):
+    """What ``generate()`` feeds the model where transformers asks the model for it: the tokens
+    ``input_ids [B, n]`` holds beyond those already in ``past_key_values`` (a Cache or a legacy tuple)."""
+    if past_key_values is not None and len(past_key_values) > 0:
+        seen = (past_key_values.get_seq_length() if hasattr(past_key_values, "get_seq_length")
+                else past_key_values[0][0].shape[2])
+        input_ids = input_ids[:, seen:]  # [B, n] -> [B, n - seen]
+    return dict(input_ids=input_ids, past_key_values=past_key_values, attention_mask=attention_mask,
+                use_cache=use_cache)
 
 
 def hf_model(model, *, config: SamplingConfig = SamplingConfig(), stop_tokens=(), max_new_tokens=None, k=None):
