@@ -216,3 +216,82 @@ def test_a_batched_report_states_the_cases_n_not_its_statistics():
     report = oracle.check_batched_step(fn, mode="statistical", samples=1500, progress=False, isolate=False)
     assert [r.n_samples for r in report.results] == [1500] * len(report.results)
     assert any("N = 750" in r.detail for r in report.results)  # the pair statistics' own count
+
+
+# ---------------------------------------------------------------- the default case time limit follows the plan
+
+
+def sleepy_step(p, q, x, seed):  # the reference, 1 ms per sample
+    time.sleep(0.001)
+    return speculative_step(p, q, x, np.random.default_rng(seed))
+
+
+def test_a_slow_implementation_at_planned_n_is_not_cut_at_the_floor(monkeypatch):
+    """The floor is patched from 300 s to 0.5 s, so that a run of about 1 ms x N (N planned for
+    detect_tv = 0.1: about 1,900 samples, 2 s or more) needs more than the floor, as a real run at
+    N = 180,000 would need more than 300 s.  By default (case_time_limit None) the case's limit is 3 x
+    its ETA from the plan's timed calls: the check runs to its planned N; the same check held to the
+    floor is cut.  The ETA is a few timed calls on a shared machine: the factor 3 is the margin."""
+    from specref.verification import oracle
+    from specref.verification.campaigns.planning import plan
+
+    monkeypatch.setattr(oracle, "CASE_TIME_FLOOR", 0.5)
+    case = [c for c in default_cases("step", drawn=0) if c.name == "worked-example-rows"]
+    row = plan("step", sleepy_step, case, detect_tv=0.1, quiet=True)[0]
+    assert row.n > 1500 and row.eta_s > 1.5 and row.case_time_limit == 3 * row.eta_s
+    planned = check_step(sleepy_step, cases=case, mode="statistical", detect_tv=0.1, progress=False).results[0]
+    assert planned.status == "ok" and planned.n_samples == row.n, planned
+    cut = check_step(sleepy_step, cases=case, mode="statistical", detect_tv=0.1, progress=False,
+                     case_time_limit=0.5).results[0]
+    assert cut.status == "timeout" and "case_time_limit" in cut.detail, cut
+
+
+def hanging_step(p, q, x, seed):
+    time.sleep(3600)
+
+
+def test_a_hanging_implementation_is_still_stopped_by_the_per_call_limit():
+    """Under the default limit the plan's timed call and then the check's own first call each hang
+    until time_limit = 0.5 s: a time-out naming time_limit, within seconds (forks included)."""
+    t0 = time.perf_counter()
+    result = check_step(hanging_step, cases=default_cases("step")[:1], mode="statistical", samples=100,
+                        time_limit=0.5, progress=False).results[0]
+    assert result.status == "timeout" and "time_limit = 0.5" in result.detail, result
+    assert time.perf_counter() - t0 < 20
+
+
+def test_the_default_case_time_limit_is_the_floor_in_exact_mode_and_the_plans_in_statistical(monkeypatch):
+    """What the level's run is handed: exact mode the floor (no plan: it would enumerate the reference);
+    statistical mode the largest of the cases' plan limits (3 ETAs of 100,000 calls of >= 10 ms: over
+    3,000 s); a number given is used as it is."""
+    from dataclasses import replace
+
+    from specref.verification.levels import LEVELS
+
+    used = []
+    spec = LEVELS["step"]
+    monkeypatch.setitem(LEVELS, "step", replace(spec, run=lambda s, fn, cases, settings: (
+        used.append(settings.case_time_limit) or oracle.Report(level="step", mode=settings.mode))))
+
+    def slow(p, q, x, seed):  # 10 ms per call
+        time.sleep(0.01)
+        return [int(x[0])]
+
+    cases = default_cases("step")[:2]
+    check_step(slow, cases=cases, mode="exact")
+    check_step(slow, cases=cases, mode="statistical", samples=100_000)
+    check_step(slow, cases=cases, mode="statistical", samples=100_000, case_time_limit=42.0)
+    assert used[0] == oracle.CASE_TIME_FLOOR == 300.0 and 3000.0 <= used[1] <= 4500.0 and used[2] == 42.0, used
+
+
+def test_the_cli_impl_check_uses_the_planned_limit(monkeypatch, capsys):
+    """``--impl`` (check_outside) goes through check: with the floor patched to 0.5 s, the slow
+    implementation runs to its planned N there too."""
+    from specref.verification import oracle
+    from specref.verify import check_outside
+
+    monkeypatch.setattr(oracle, "CASE_TIME_FLOOR", 0.5)
+    case = [c for c in default_cases("step", drawn=0) if c.name == "worked-example-rows"]
+    code = check_outside("tests.test_oracle:sleepy_step", "step", "statistical", 1500, progress=False, cases=case)
+    out = capsys.readouterr().out
+    assert code == 0 and "N=1500" in out and "timeout" not in out, out

@@ -99,9 +99,12 @@ def test_the_first_call_is_timed_apart():
 PLAN_FRESH = textwrap.dedent("""
     from specref.verification.campaigns.planning import plan
     from specref.core.draws import coerce_rng
+    from specref.core.errors import SpecrefError
     from specref.core.sampling import process
     from specref.core.step import speculative_step
     from specref.decoding.chain import speculative_decode
+    from specref.verification.levels import LEVELS
+    from specref.verification.oracle import EXACT_ONLY, _reference_of
 
     def step(p, q, x, rng):
         return speculative_step(p, q, x, coerce_rng(rng))
@@ -112,24 +115,45 @@ PLAN_FRESH = textwrap.dedent("""
     def decoder(target, draft, prompt, *, rng, **kw):
         return speculative_decode(target, draft, list(prompt), rng=coerce_rng(rng), **kw).tokens
 
-    for level, fn in [("step", step), ("logits", logits), ("decoder", decoder)]:
+    chain = {"step": step, "logits": logits, "decoder": decoder}
+    for level in LEVELS:
+        fn = chain.get(level) or _reference_of(level)
         for mode in ("statistical", "exact"):
-            rows = plan(level, fn, mode=mode, calls=1, quiet=True, samples=100 if mode == "statistical" else None)
-            assert rows and all(r.eta_s is not None and r.note == "" for r in rows), (level, mode, rows)
+            if mode == "statistical" and level in EXACT_ONLY:
+                try:
+                    plan(level, fn, mode=mode, quiet=True)
+                except SpecrefError as e:
+                    assert level in str(e) and "statistical" in str(e), e
+                    print(level, mode, "refused", 0)
+                    continue
+                raise AssertionError(level)
+            rows = plan(level, fn, LEVELS[level].cases()[:2], mode=mode, calls=1, quiet=True,
+                        samples=100 if mode == "statistical" else None)
+            bad = [r for r in rows if r.eta_s is None or r.seconds_per_call is None or r.first_call_s is None
+                   or r.calls is None or r.case_time_limit < 300]
+            assert rows and not bad, (level, mode, bad)
             print(level, mode, len(rows), sum(r.n for r in rows))
 """)
 
 
 def test_plan_works_at_every_level_and_mode_in_a_fresh_process():
-    """The default cases of each chain level, statistical and exact mode, with nothing imported before
-    the planning module (``plan(..., mode="statistical")`` once raised a raw TypeError)."""
+    """The first two default cases of every registered level, each with specref's own implementation
+    there, statistical and exact mode, with nothing imported before the planning module
+    (``plan(..., mode="statistical")`` once raised a raw TypeError): every row has N, its calls, the
+    first and the warm calls timed and an ETA; statistical mode at an exact-only level is refused,
+    naming the level and the mode."""
+    from specref.verification.levels import LEVELS
+    from specref.verification.oracle import EXACT_ONLY
+
     out = subprocess.run([sys.executable, "-c", PLAN_FRESH], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line.split() for line in out.stdout.splitlines()]
-    assert [line[:2] for line in lines] == [[lv, m] for lv in ("step", "logits", "decoder")
-                                            for m in ("statistical", "exact")]
+    assert [line[:2] for line in lines] == [[lv, m] for lv in LEVELS for m in ("statistical", "exact")]
     for level, mode, n_cases, n in lines:
-        assert int(n) == (100 * int(n_cases) if mode == "statistical" else int(n)) and int(n) >= int(n_cases)
+        if n_cases == "refused":
+            assert level in EXACT_ONLY and mode == "statistical"
+        else:
+            assert int(n) == (100 * int(n_cases) if mode == "statistical" else int(n)) and int(n) >= int(n_cases)
 
 
 def test_exact_mode_plans_the_reference_paths():
@@ -146,12 +170,62 @@ def test_exact_mode_plans_the_reference_paths():
     assert row.n == row.calls == paths and row.batch == 1 and row.eta_s > 0
 
 
-def test_plan_refuses_other_levels_and_bad_batches_by_name():
-    with pytest.raises(SpecrefError, match="plan needs a level run by programs"):
-        plan("batched", slow_batched)
+def test_plan_refuses_unknown_levels_exact_only_modes_and_bad_batches_by_name():
+    from specref.verification.levels.coins import engine_coin_kernel
+
+    with pytest.raises(SpecrefError, match="plan needs a registered level .*'no-such-level'"):
+        plan("no-such-level", slow_batched)
+    with pytest.raises(SpecrefError, match="batched_coins level has no statistical mode.*mode='statistical'"):
+        plan("batched_coins", engine_coin_kernel, quiet=True)
     for bad in (0, True, 2.5):
         with pytest.raises(SpecrefError, match=f"batch .* must be a positive integer, got {bad!r}"):
             plan("step", slow_batched, worked_example(), batch=bad, quiet=True)
+
+
+def test_the_planned_n_and_calls_are_the_checks_at_the_batched_level():
+    """Statistical: N rows is the N the batched check itself reports, in calls of one block of copies
+    (the reference, B = 2 rows per copy: 2 x 1024 rows per call), counted by a wrapper during the check;
+    exact: N is the calls the exact check makes of the reference, counted the same way."""
+    from specref.decoding.batched import batched_step
+    from specref.verification.oracle import check
+    from specref.verification.levels.batched import default_batched_cases
+
+    case = [c for c in default_batched_cases() if c.name == "two-rows"]
+    seen = []
+
+    def counted(p, q, x, seed):
+        seen.append(p.shape[0])
+        return batched_step(p, q, x, seed)
+
+    for mode in ("statistical", "exact"):
+        seen.clear()
+        row = plan("batched", counted, case, mode=mode, isolate=True, quiet=True, calls=2)[0]
+        result = check("batched", counted, cases=case, mode=mode, isolate=False, progress=False,
+                       state_check=False).results[0]
+        assert result.ok and row.calls == len(seen) and row.eta_s > 0, (mode, row, len(seen))
+        if mode == "statistical":
+            assert row.n == result.n_samples and row.batch == 1024 and set(seen) == {2 * 1024, 2 * (row.n % 1024)}
+        else:
+            assert row.n == len(seen) and set(seen) == {2}
+
+
+def test_a_level_registered_outside_specref_says_what_it_cannot_plan(monkeypatch):
+    """A level specref does not know: its calls are still timed, but N (statistical) and the calls of
+    an exact check (no reference to count them on) are unknown until run: no ETA, the reason in the
+    note, and the case time limit is the floor."""
+    from specref.decoding.batched import batched_draft_and_verify
+    from specref.verification.levels import LEVELS
+    from specref.verification.levels.batched import run_batched
+    from specref.verification.running.level import Level
+
+    level = Level("my-batched", "step_fn(p_target, q_draft, seed)", lambda: [], run_batched)  # draft-and-verify's call
+    monkeypatch.setitem(LEVELS, "my-batched", level)
+    case = [c for c in LEVELS["batched"].cases() if c.name == "two-rows"]
+    for mode, why in (("statistical", "plan does not know how the 'my-batched' level plans N"),
+                      ("exact", "no reference at the 'my-batched' level")):
+        row = plan("my-batched", batched_draft_and_verify, case, mode=mode, isolate=False, quiet=True, calls=1)[0]
+        assert row.eta_s is None and row.n is None and why in row.note, row
+        assert row.seconds_per_call > 0 and row.case_time_limit == 300.0
 
 
 # ---------------------------------------------------------------- case time limits and resuming

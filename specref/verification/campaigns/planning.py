@@ -16,8 +16,24 @@
   the cases it holds are not run again.  Case ``i`` uses seed ``settings.seed + i``, as in one
   :func:`~specref.verification.oracle.check` over all cases, so the verdicts are the same.
   Unless a ``case_time_limit`` is given, each case's is its plan's
-  (:attr:`PlanRow.case_time_limit`: :data:`CASE_TIME_FACTOR` x its ETA, at least the
-  ``Settings`` default, at most :data:`CASE_TIME_CAP`).
+  (:attr:`PlanRow.case_time_limit`: :data:`CASE_TIME_FACTOR` x its ETA, at least
+  :data:`~specref.verification.oracle.CASE_TIME_FLOOR`, at most :data:`CASE_TIME_CAP`).
+
+Every registered level plans (SPEC §15).  Statistical N is the level's own: the chain, tree and
+greedy levels' ``samples_needed`` over the case's target law (a point mass: the N that sees a
+stray of probability ``detect_tv``), the batched levels' (batched, draft-and-verify, vllm,
+flashinfer, mrv2) largest N over their statistics, in calls of as many copies of the case's rows
+as the check hands over at once (``batch``).  Exact N at the chain levels is the reference's
+enumerated paths; at the other levels it is the calls the level's exact check makes of specref's
+reference there, counted (paths of the enumeration; coin-law kernel calls at the coin levels): an
+estimate for an implementation that draws otherwise.  A level without a statistical mode (the coin
+levels) is a SpecrefError in that mode; where N cannot be known before the run (no reference, a
+``budget_s``, a level registered outside specref), the row says so and has no ETA (a
+``budget_s`` row's ETA is the budget).  The timed calls at the other levels are the level's own
+check of the case, stopped after the first call and ``calls + 1`` more: warm seconds per call are
+the mean time from the start of one call to the next, the oracle's work in between included.  The
+core is :func:`specref.verification.oracle.plan_rows`; the check's default ``case_time_limit``
+comes from the same rows.
 
 Seeds: in statistical mode the implementation gets an int in ``[0, 2**63)`` per call.
 ``numpy.random.default_rng`` and ``torch.manual_seed`` take it as it is; NumPy's legacy
@@ -28,61 +44,19 @@ is wrapped by :func:`specref.adapters.hf_models.torch_seeded`.
 from __future__ import annotations
 
 import json
-import math
 import sys
-import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from fractions import Fraction
-from functools import partial
 from pathlib import Path
-
-import numpy as np
 
 from specref.core.errors import SpecrefError, SpecrefTypeError, check_positive_int
 from specref.verification.cases.chain import Case
 from specref.verification.cases.rules import RulesReport, rules_of
-from specref.verification.laws.enumeration import law
 from specref.verification.levels import LEVELS
-from specref.verification.levels.chain import _reference, _sampler_of, batch_of  # the chain levels' own calls
-from specref.verification.running.calling import guarded
+from specref.verification.oracle import CASE_TIME_CAP, CASE_TIME_FACTOR, PlanRow, plan_rows
 from specref.verification.running.report import CaseResult, Report, Settings
-from specref.verification.statistics.counts import samples_needed
-from specref.verification.statistics.shards import BLOCK, block_rng
 
 __all__ = ["PlanRow", "plan", "run_each", "CASE_TIME_CAP", "CASE_TIME_FACTOR"]
-
-CASE_TIME_FACTOR = 3.0  # a campaign's default case_time_limit: this many ETAs (a few timed calls; load varies)
-CASE_TIME_CAP = 24 * 3600.0  # ... and never more than a day per case
-_DEFAULT_CASE_TIME = Settings().case_time_limit
-
-
-@dataclass(frozen=True)
-class PlanRow:
-    """One case of a plan."""
-
-    case: str
-    outcomes: int  # outputs with positive target probability
-    n: int  # planned (or given) samples; exact mode: the paths of the reference's enumeration
-    seconds_per_call: float | None  # a warm call of `batch` samples; None when the implementation misbehaved
-    eta_s: float | None  # first_call_s + (calls - 1) * seconds_per_call
-    note: str = ""
-    batch: int = 1  # samples per call: the declared batch, at most one block and at most n (exact mode: 1)
-    calls: int | None = None  # calls of the implementation the run makes
-    first_call_s: float | None = None  # the first call, timed apart
-
-    @property
-    def case_time_limit(self) -> float:
-        """The case's default ``case_time_limit`` in a campaign: ``CASE_TIME_FACTOR`` x ETA, at least
-        the ``Settings`` default, at most :data:`CASE_TIME_CAP` (the default when there is no ETA)."""
-        if self.eta_s is None:
-            return _DEFAULT_CASE_TIME
-        return min(CASE_TIME_CAP, max(_DEFAULT_CASE_TIME, CASE_TIME_FACTOR * self.eta_s))
-
-
-def _calls(n: int, per_call: int) -> int:
-    """Calls for ``n`` samples: blocks of ``BLOCK``, each cut into calls of ``per_call`` (no call spans two)."""
-    full, rest = divmod(n, BLOCK)
-    return full * math.ceil(BLOCK / per_call) + math.ceil(rest / per_call)
 
 
 def _settings(settings, fields_):
@@ -95,15 +69,17 @@ def plan(level: str, fn, cases=None, *, settings: Settings | None = None, calls:
     """Print (to ``file``, default stdout; nothing when ``quiet``) and return N per case and an ETA:
     the first call and ``calls`` warm calls of the implementation timed on each case (module docstring).
 
-    ``rules`` and ``batch`` are :func:`~specref.verification.oracle.check`'s; ``fields_`` are
+    Any registered level (:data:`~specref.verification.levels.LEVELS`) in either mode;
+    ``mode="statistical"`` at an exact-only level (coins in, exact out) is a SpecrefError naming
+    both.  ``rules`` and ``batch`` are :func:`~specref.verification.oracle.check`'s; ``fields_`` are
     ``Settings`` fields (``mode`` is ``"statistical"`` unless given).  The timed calls are the first
     calls of an implementation nobody has checked yet: they run in a forked worker per case
-    (``isolate=False`` runs them here), under ``time_limit`` per call and ``case_time_limit`` per
-    case, and a misbehaviour is the case's note, never an exception."""
+    (``isolate=False`` runs them here), under ``time_limit`` per call, and a misbehaviour is the
+    case's note, never an exception."""
     from specref.verification.oracle import declared  # the oracle's validation of rules and batch
 
-    if not isinstance(level, str) or level not in LEVELS or LEVELS[level].program is None:
-        raise SpecrefError(f"plan needs a level run by programs (step, logits, decoder), got {level!r}")
+    if not isinstance(level, str) or level not in LEVELS:
+        raise SpecrefError(f"plan needs a registered level ({', '.join(map(repr, LEVELS))}), got {level!r:.80}")
     if not callable(fn):
         raise SpecrefTypeError(f"fn (the implementation to plan for) must be callable, got {fn!r:.80}")
     calls = check_positive_int("calls", calls)
@@ -113,96 +89,41 @@ def plan(level: str, fn, cases=None, *, settings: Settings | None = None, calls:
     try:
         cases = spec.cases() if cases is None else list(cases)
     except TypeError:
-        raise SpecrefTypeError(f"cases must be an iterable of Case objects, got {cases!r:.80}") from None
+        raise SpecrefTypeError(f"cases must be an iterable of cases, got {cases!r:.80}") from None
     if not cases:
         raise SpecrefError("cases is empty: there is nothing to plan")
-    for case in cases:
-        if not isinstance(case, Case):
-            raise SpecrefError(f"plan's cases must be specref.verification.cases.chain.Case objects, got {case!r:.120}")
-        case.models()  # validates the tables
-    rows = [_plan_case(spec, fn, case, settings, settings.seed + i, calls) for i, case in enumerate(cases)]
+    if spec.program is not None:  # the chain levels' cases
+        for case in cases:
+            if not isinstance(case, Case):
+                raise SpecrefError(f"plan's cases must be specref.verification.cases.chain.Case objects, got "
+                                   f"{case!r:.120}")
+            case.models()  # validates the tables
+    rows = plan_rows(spec, fn, cases, settings, calls=calls, isolate=True if settings.isolate is None else settings.isolate)
     if not quiet:
         print(_table(rows, settings), file=file or sys.stdout)
     return rows
 
 
-def _plan_case(spec, fn, case, settings: Settings, seed: int, calls: int) -> PlanRow:
-    """One case's row: N (exact mode: the reference's paths), then the timed calls in a guarded body."""
-    if settings.mode == "exact":
-        _, expected = spec.program(fn, case, settings.time_limit)
-        reference, _ = spec.program(_reference(spec.name, rules_of(fn)), case, settings.time_limit)
-        try:
-            n = law(lambda rng: reference(rng, rng), max_paths=settings.max_paths).paths
-        except SpecrefError as e:  # over max_paths: the exact check stops there too
-            return PlanRow(case.name, len(expected), settings.max_paths, None, None, note=f"over budget: {e}"[:120])
-        per_call, total = 1, n
-        body = partial(_timed_exact, spec, fn, case, settings.time_limit, seed, calls)
-    else:
-        _, expected = spec.program(fn, case.as_float(), settings.time_limit)
-        null = np.array([float(w) for w in expected.values()] + [0.0])
-        n = settings.samples or samples_needed(settings.detect_tv, settings.alpha, 0.9, len(null), null=null)
-        form = batch_of(fn)
-        per_call = 1 if form is None else min(form.per_call, n)
-        total = _calls(n, per_call)
-        body = partial(_timed_batches, spec.name, fn, case.as_float(), settings.time_limit, seed, calls, per_call)
-    status, value = guarded(body, isolate=True if settings.isolate is None else settings.isolate,
-                            time_limit=settings.time_limit, case_time_limit=settings.case_time_limit)
-    if status != "result":
-        return PlanRow(case.name, len(expected), n, None, None, note=f"{status}: {value[:80]}", batch=per_call,
-                       calls=total)
-    first, warm = value
-    return PlanRow(case.name, len(expected), n, warm, first + (total - 1) * warm, batch=per_call, calls=total,
-                   first_call_s=first)
-
-
-def _timed(call, calls) -> tuple[float, float]:
-    """``(seconds of the first call, seconds per warm call)`` of ``call(i)``: ``i = 0``, then ``1..calls``."""
-    t0 = time.perf_counter()
-    call(0)
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for i in range(1, calls + 1):
-        call(i)
-    return first, (time.perf_counter() - t0) / calls
-
-
-def _timed_batches(level, fn, case, time_limit, seed, calls, per_call) -> tuple[float, float]:
-    """Statistical mode: calls as the check makes them (:mod:`specref.verification.levels.chain`),
-    one sample per call or ``per_call`` in one call, each on samples of its own, seeded and drawn as
-    the samples of block 0 are (one ``block_rng(seed, 0)`` for all the calls)."""
-    sampler = _sampler_of(level, fn, case, time_limit)
-    gen = block_rng(seed, 0)
-    m = (calls + 1) * per_call
-    seeds, coins = gen.integers(2**63, size=m), gen.random((m, sampler.coins))
-    if sampler.form is None:
-        return _timed(lambda i: sampler.one(coins[i], int(seeds[i])), calls)
-    return _timed(lambda i: sampler.many(seeds[i * per_call:(i + 1) * per_call], coins[i * per_call:(i + 1) * per_call]),
-                  calls)
-
-
-def _timed_exact(spec, fn, case, time_limit, seed, calls) -> tuple[float, float]:
-    """Exact mode: runs of the case's program on a seeded generator, each one call of one sample."""
-    program, _ = spec.program(fn, case, time_limit)
-    gen = np.random.default_rng(seed)
-    return _timed(lambda i: program(gen, gen), calls)
-
-
 def _table(rows, settings):
-    what = ("exact mode: N is the reference's enumerated paths, one call each" if settings.mode == "exact" else
-            f"detect TV >= {settings.detect_tv} with power 0.9 at alpha = {settings.alpha}")
+    what = ("exact mode: N is the implementation calls of the exact check (the reference's, counted)"
+            if settings.mode == "exact" else f"detect TV >= {settings.detect_tv} with power 0.9 at alpha = {settings.alpha}")
     lines = [f"plan: {what}",
              f"{'case':<24} {'outcomes':>8} {'N':>10} {'batch':>6} {'calls':>9} {'first s':>8} {'ms/call':>9} "
-             f"{'ETA':>9}  note"]
+             f"{'ETA':>9} {'limit':>9}  note"]
     for r in rows:
         ms = "-" if r.seconds_per_call is None else f"{1e3 * r.seconds_per_call:.3g}"
         first = "-" if r.first_call_s is None else f"{r.first_call_s:.3g}"
         eta = "-" if r.eta_s is None else _duration(r.eta_s)
         calls = "-" if r.calls is None else f"{r.calls:,}"
-        lines.append(f"{r.case:<24} {r.outcomes:>8} {r.n:>10,} {r.batch:>6} {calls:>9} {first:>8} {ms:>9} "
-                     f"{eta:>9}  {r.note}")
+        n = "-" if r.n is None else f"{r.n:,}"
+        outcomes = "-" if r.outcomes is None else r.outcomes
+        lines.append(f"{r.case:<24} {outcomes:>8} {n:>10} {r.batch:>6} {calls:>9} {first:>8} {ms:>9} "
+                     f"{eta:>9} {_duration(r.case_time_limit):>9}  {r.note}")
     total = sum(r.eta_s for r in rows if r.eta_s is not None)
-    unit = "paths" if settings.mode == "exact" else "samples"
-    lines.append(f"total ETA {_duration(total)} for {sum(r.n for r in rows):,} {unit}")
+    unit = "calls" if settings.mode == "exact" else "samples"
+    unknown = sum(r.eta_s is None for r in rows)
+    lines.append(f"total ETA {_duration(total)} for {sum(r.n or 0 for r in rows):,} {unit}"
+                 + (f" ({unknown} case(s) without an ETA: see their notes)" if unknown else ""))
     return "\n".join(lines)
 
 
@@ -222,8 +143,8 @@ def run_each(level: str, fn, cases=None, *, settings: Settings | None = None, on
     their recorded verdicts in the report; a last line cut short is dropped and its case runs
     again.  A long statistical campaign runs an implementation with its own randomness: its cases
     are isolated (forked workers) unless ``isolate`` is set, at every level.  Without a
-    ``case_time_limit`` (a keyword, or a ``settings`` value other than the default), each case at
-    the step, logits and decoder levels gets its plan's (:attr:`PlanRow.case_time_limit`)."""
+    ``case_time_limit`` (None, the default), each case gets its own plan's
+    (:attr:`PlanRow.case_time_limit`), at every level."""
     from specref.verification.oracle import check, declared  # the oracle registers the levels; imported where used
 
     settings = replace(settings or Settings(), **fields_)
@@ -236,7 +157,7 @@ def run_each(level: str, fn, cases=None, *, settings: Settings | None = None, on
     done = {} if json_lines is None else _finished(json_lines, cases, level, settings)
     limits = [settings.case_time_limit] * len(cases)
     todo = [i for i in range(len(cases)) if i not in done]
-    if todo and spec is not None and spec.program is not None and settings.case_time_limit == _DEFAULT_CASE_TIME:
+    if todo and spec is not None and settings.case_time_limit is None:
         planned = plan(level, fn, [cases[i] for i in todo], settings=settings, quiet=True, rules=rules, batch=batch, mode=settings.mode)
         for i, row in zip(todo, planned):
             limits[i] = row.case_time_limit

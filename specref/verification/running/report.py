@@ -65,8 +65,19 @@ class Settings:
     ``state_check``: ``True`` judges every case that passed once more, in a second, seeded
     order in which each case comes after another case than in the first (after a case of the
     same shapes where there is one), and reports ``stateful`` where the verdict or the exact law
-    changed (:func:`~specref.verification.levels.runner.run_cases`).  ``None`` (the default): on in
-    exact mode, off in statistical mode.  Not with a ``shard_store`` or an ``executor``.
+    changed (:func:`~specref.verification.levels.runner.run_cases`).  ``None`` (the default): in
+    exact mode, the cases with a partner of their shapes and one case of a lone shape (none when
+    one case passed); off in statistical mode.  Not with a ``shard_store`` or an ``executor``.
+
+    ``case_time_limit``: seconds per case, every call and the enumeration or sampling (each call
+    is also held to ``time_limit``).  ``None`` (the default) means "from the plan" (SPEC §13.2):
+    :func:`~specref.verification.oracle.check` sets it before any case runs -- in exact mode to
+    :data:`~specref.verification.oracle.CASE_TIME_FLOOR` (300 s); in statistical mode to the
+    largest of its cases' plan limits, each ``CASE_TIME_FACTOR`` (3) x the case's ETA (its planned
+    N, and its first and a few warm calls timed in a forked worker), at least the floor and at
+    most :data:`~specref.verification.oracle.CASE_TIME_CAP` (24 h); the cap where no worker can be
+    forked to time them (the per-call ``time_limit`` still stops a call that hangs).  A number is
+    used as it is.
     """
 
     mode: str = "exact"  # "exact" (enumerate the rng) or "statistical" (rng is an int seed)
@@ -77,7 +88,7 @@ class Settings:
     tolerance: float = 1e-9  # exact mode: TV above this differs
     time_limit: float = 10.0  # seconds per call of the implementation
     isolate: bool | None = None  # each case in a forked worker with a hard deadline; None: isolated in statistical mode
-    case_time_limit: float = 300.0  # seconds per case (every call and the enumeration or sampling)
+    case_time_limit: float | None = None  # seconds per case (every call and the sampling or enumeration); None: from the plan
     max_paths: int = 10**6  # exact mode: enumerated paths per case (the target law's prefixes too)
     executor: object = field(default=None, compare=False)  # statistical mode: a concurrent.futures.Executor for the shards
     shard_blocks: int = 4  # statistical mode: blocks of 1024 samples per shard (the verdict does not depend on it)
@@ -100,6 +111,8 @@ class Settings:
                 raise SpecrefError(f"{name} must be a number in (0, {upper}), got {value!r}")
         for name in ("time_limit", "case_time_limit"):
             t = getattr(self, name)
+            if t is None and name == "case_time_limit":
+                continue  # from the plan (the docstring)
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
                 raise SpecrefError(f"{name} must be a positive finite number of seconds, got {t!r}")
         if self.isolate is not None and not isinstance(self.isolate, bool):
