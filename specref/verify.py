@@ -427,8 +427,8 @@ def controls() -> list[Scenario]:
 
 def stateful_controls() -> list[Scenario]:
     """Every entry of :mod:`specref.verification.zoo.stateful`, each case in a fresh worker (as the
-    CLI runs it): right on every case alone, so only the state check (SPEC §13.5) flags it; the
-    row is detected when some case is ``stateful``.  The batched row runs two of the level's default
+    CLI runs it) and ``state_check=True`` (every case judged again): right on every case alone, so
+    only the state check (SPEC §13.5) flags it; the row is detected when some case is ``stateful``.  The batched row runs two of the level's default
     cases (the others enumerate grid coins for seconds each and add nothing here)."""
     from specref.verification import oracle
     from specref.verification.running.report import STATEFUL
@@ -438,12 +438,13 @@ def stateful_controls() -> list[Scenario]:
         cases = LEVELS[entry.level].cases()
         if entry.level == "batched":
             cases = [c for c in cases if c.name in ("p-equals-q-row", "zero-draft-row")]
-        report = oracle.check(entry.level, entry.make(), mode="exact", isolate=True, cases=cases)
+        report = oracle.check(entry.level, entry.make(), mode="exact", isolate=True, state_check=True, cases=cases)
         caught = [r for r in report.results if r.status == STATEFUL]
         return {"tv": None, "n_outputs": None, "paths": None, "flagged": bool(caught),
                 "detail": caught[0].detail[:200] if caught else "no case stateful"}
 
-    return [Scenario(f"control {e.name} (keeps state between calls) oracle {e.level}-level cases, isolated",
+    return [Scenario(f"control {e.name} (keeps state between calls) oracle {e.level}-level cases, isolated, "
+                     "state_check=True",
                      "control", partial(run, e)) for e in stateful.entries()]
 
 

@@ -228,22 +228,47 @@ REFERENCES = [("step", chain_zoo.reference), ("batched", engine_zoo.engine_refer
               ("tree", tree_verify.pointmass_verify)]
 
 
-@pytest.mark.parametrize("level, reference", REFERENCES, ids=[r[0] for r in REFERENCES])
-@pytest.mark.parametrize("default_cases", [True, False])
+@pytest.mark.parametrize("level, reference, default_cases", [r + (False,) for r in REFERENCES] + [REFERENCES[0] + (True,)],
+                         ids=[r[0] for r in REFERENCES] + ["step-default-cases"])
 def test_references_are_never_stateful_and_are_judged_twice(level, reference, default_cases):
+    # every level's reference passes with the default state check in its own test module; here
+    # the second pass is counted: with state_check=True every case is enumerated again
     cases = None if default_cases else LEVEL_CASES[level]
     once, twice = Counted(reference), Counted(reference)
     a = level_check(level, once, cases, state_check=False)
-    b = level_check(level, twice, cases)
+    b = level_check(level, twice, cases, state_check=True)
     assert a.ok and b.ok, str(b)
-    assert twice.calls == 2 * once.calls  # every case enumerated again: the same calls, in another order
+    assert twice.calls == 2 * once.calls  # the same calls, in another order
     assert all(r.law is None for r in b.results)  # the laws were for the check only
+
+
+STEP_D = Case("D", STEP_A.target, STEP_A.draft, k=3)  # a third shape
+
+
+def test_the_default_second_pass_takes_partnered_cases_and_one_lone_shape():
+    alone = {}
+    for case in (STEP_A, STEP_B, STEP_C, STEP_D):
+        counted = Counted(chain_zoo.reference)
+        oracle.check("step", counted, cases=[case], state_check=False)
+        alone[case.name] = counted.calls
+    for case in (STEP_A, STEP_C):  # one case: nothing to come after, no second run by default
+        counted = Counted(chain_zoo.reference)
+        assert oracle.check("step", counted, cases=[case]).ok
+        assert counted.calls == alone[case.name]
+    counted = Counted(chain_zoo.reference)  # A and B partners; C, D lone shapes: one of them again
+    assert oracle.check("step", counted, cases=[STEP_A, STEP_C, STEP_B, STEP_D]).ok
+    once = sum(alone.values())
+    assert counted.calls - once - alone["A"] - alone["B"] in (alone["C"], alone["D"])
+    counted = Counted(chain_zoo.reference)
+    oracle.check("step", counted, cases=[STEP_C], state_check=True)  # on request: after itself
+    assert counted.calls == 2 * alone["C"]
 
 
 @pytest.mark.parametrize("entry", [e for e in chain_zoo.entries(kind="correct") if "exact" in e.modes]
                          + engine_zoo.entries(kind="correct"), ids=lambda e: e.name)
 def test_correct_zoo_entries_are_never_stateful(entry):
-    report = oracle.check(entry.level, entry.fn)
+    cases = LEVEL_CASES["step" if entry.level == "step" else "batched"]  # the cases the stateful entries fail
+    report = oracle.check(entry.level, entry.fn, cases=cases, state_check=True)
     assert report.ok and not any(r.status == STATEFUL for r in report.results), str(report)
 
 

@@ -8,9 +8,11 @@ validation of every case before any runs, isolation (a forked worker with a hard
 state check (``Settings.state_check``, by default in exact mode: :func:`second_order`) and the
 :class:`~specref.verification.running.report.Report`.
 
-The state check (SPEC §13.5) judges every case that passed a second time, in an order drawn
-from ``settings.seed`` in which the cases of the same shapes (:func:`shape_key`) run one after
-another and each case comes after another case than in the first pass.  In-process the
+The state check (SPEC §13.5) judges cases that passed a second time -- by default those with a
+partner of their shapes (:func:`shape_key`) and one case of a lone shape, with
+``state_check=True`` every one -- in an order drawn from ``settings.seed`` in which the cases of
+the same shapes run one after another and each case comes after another case than in the first
+pass.  In-process the
 implementation's state carries from one case to the next as it would in a server; isolated, each
 second run is a forked worker that runs the case's predecessor first, then the case.  A case whose
 verdict, or whose exact law (Fractions: equal; floats: within ``tolerance``), changed is reported
@@ -157,6 +159,22 @@ def second_order(cases, passed, first, seed: int, *, start) -> list:
     return best
 
 
+def _partnered(cases, passed, seed: int) -> list:
+    """The default state check's cases: those with a partner of their shapes among ``passed``, and
+    one case of a lone shape (drawn from ``seed``) that comes after a case of another shape; none
+    when one case passed (``state_check=True`` judges every passed case again)."""
+    if len(passed) < 2:
+        return []
+    groups = {}
+    for i in passed:
+        groups.setdefault(shape_key(cases[i]), []).append(i)
+    lone = [g[0] for g in groups.values() if len(g) == 1]
+    keep = {i for g in groups.values() if len(g) > 1 for i in g}
+    if lone:
+        keep.add(lone[int(np.random.default_rng([seed, 1]).integers(len(lone)))])
+    return [i for i in passed if i in keep]
+
+
 def _predecessors(order, start) -> list:
     """The case each run of ``order`` comes after (``start``; None: the last of the order)."""
     return [(order[-1] if start is None else start)] + order[:-1]
@@ -167,6 +185,8 @@ def _check_state(results, cases, bodies, settings: Settings, *, isolate: bool, r
     when the verdict or the law changed, or the second run's time-out or internal error."""
     n = len(cases)
     passed = [i for i, r in enumerate(results) if r.status == OK]  # a case that failed has its verdict
+    if settings.state_check is None:  # the default: where state between cases of one shape can show
+        passed = _partnered(cases, passed, settings.seed)
     if not passed:
         return
     first = [None] * n if isolate else [None] + list(range(n - 1))
