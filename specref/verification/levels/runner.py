@@ -112,21 +112,23 @@ def run_cases(level, cases, settings: Settings, *, validate: Callable, exact: Ca
 def shape_key(case) -> tuple:
     """What makes two cases "of the same shapes" for the state check: the shape of every array the
     case holds, which fields are None, its integer fields (K, ...), the length of its tuples (a
-    prompt, drafts per row), and a tree case's ``widths`` (the tree's shape)."""
-    if dataclasses.is_dataclass(case):
-        names = [f.name for f in dataclasses.fields(case)]
-    else:
-        names = sorted(getattr(case, "__dict__", {}))
-    key = [type(case).__name__]
-    for name in names:
-        v = getattr(case, name, None)
-        if hasattr(v, "shape") and hasattr(v, "ndim"):
-            key.append((name, tuple(v.shape)))
-        elif v is None or (isinstance(v, int) and not isinstance(v, bool)):
-            key.append((name, v))
-        elif isinstance(v, tuple):
-            key.append((name, v if name == "widths" else len(v)))  # a prompt by its length; a tree's widths are its shape
-    return tuple(key)
+    prompt, drafts per row), and a tree case's ``widths`` (the tree's shape).  A case whose fields
+    cannot be read so is a shape of its own."""
+    try:
+        names = ([f.name for f in dataclasses.fields(case)] if dataclasses.is_dataclass(case)
+                 else sorted(getattr(case, "__dict__", {})))
+        key = [type(case).__name__]
+        for name in names:
+            v = getattr(case, name, None)
+            if hasattr(v, "shape") and hasattr(v, "ndim"):
+                key.append((name, tuple(v.shape)))
+            elif v is None or (isinstance(v, int) and not isinstance(v, bool)):
+                key.append((name, v))
+            elif isinstance(v, tuple):
+                key.append((name, v if name == "widths" else len(v)))  # a prompt by its length; widths: a tree's shape
+        return tuple(key)
+    except Exception:  # noqa: BLE001 - a user's case type with fields that raise: its own group
+        return ("unreadable", id(case))
 
 
 def second_order(cases, passed, first, seed: int, *, start) -> list:
