@@ -75,9 +75,11 @@ def test_assisted_generate_preserves_the_law_of_plain_sampling_with_hf_processor
     assert len(impl.target_calls) == 600, len(impl.target_calls)
     calls = impl.target_calls[-600:]
     verdict = efficiency(calls, case, rules=hf_rules)
-    assert verdict.verdict == "wasteful" and abs(verdict.reference - 2.0429) < 1e-3, verdict
-    twice = float(_mean(reference_iterations(case, rules=hf_rules, draft_rules=hf_rules_twice)))
-    assert abs(twice - 2.1903) < 1e-3 and verdict.interval[0] <= twice <= verdict.interval[1], verdict
+    assert abs(verdict.reference - 2.0429) < 1e-3, verdict
+    if _warper_passes(case.config) == 2:  # the installed transformers warps the draft twice (5.24 does)
+        twice = float(_mean(reference_iterations(case, rules=hf_rules, draft_rules=hf_rules_twice)))
+        assert verdict.verdict == "wasteful", verdict
+        assert abs(twice - 2.1903) < 1e-3 and verdict.interval[0] <= twice <= verdict.interval[1], verdict
 
 
 def test_assisted_generate_eos_inside_a_block_and_max_new_tokens_mid_block():
@@ -106,7 +108,17 @@ def test_isolated_generate_gives_the_same_verdict():
     assert runs[False][2] == 100 and runs[True][2] == 0, runs
 
 
+def _warper_passes(config) -> int:
+    """How many times the installed transformers applies the warpers to the assistant's logits,
+    read by the spy (:func:`assistant_processors`): the number of temperature warpers it records."""
+    return assistant_processors(config).count("TemperatureLogitsWarper")
+
+
 def test_control_plain_generate_passes_and_a_wrong_plain_sampler_is_flagged():
+    from transformers import GenerationConfig
+
+    if not hasattr(GenerationConfig(), "min_p"):
+        pytest.skip("this transformers has no min-p (GenerationConfig.min_p, from 4.41): the min-p case cannot run")
     case = CASES["hf-min-p"]
     plain = check_decoder(HFGenerate(assisted=False), cases=[case], mode="statistical", samples=600, alpha=ALPHA)
     assert plain.ok, plain
@@ -130,9 +142,12 @@ def test_the_assistant_applies_every_warper_twice_in_this_transformers():
     import transformers
 
     names = assistant_processors(SamplingConfig(temperature=0.7, top_k=2, top_p=0.9))
+    passes = names.count("TemperatureLogitsWarper")
+    # whole passes of the three warpers, in HF's order (transformers 4.40 builds the assistant's
+    # warpers outside _get_logits_processor, so the spy sees none there)
+    assert names == ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"] * passes, names
     if transformers.__version__.startswith("5.24"):
-        assert names == ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"] * 2
-    assert names.count("TemperatureLogitsWarper") >= 1
+        assert passes == 2
 
 
 def test_hf_generate_travels_to_a_worker_and_is_seeded():
