@@ -6,7 +6,9 @@
    process pool of 1 and of 2 workers and on a Dask LocalCluster of 1 and of 2 processes
    (``dask_executor``: each shard on the main thread of a process of its worker's own);
    median and range of ``--repeats`` runs after one warm-up run; the verdicts must be
-   identical.  ``--diagnose`` adds the LocalCluster of 2 with shards on the Dask thread
+   identical.  The pool and the LocalCluster of the same size are open together and their
+   runs alternate, so that the machine's drift over minutes falls on both alike; the Dask/pool
+   ratio is the median of the paired runs' ratios (each pair also in the record).  ``--diagnose`` adds the LocalCluster of 2 with shards on the Dask thread
    (``main_thread=False``, what ``dask_executor`` did before).
 2. Where the time goes: the oracle's and the implementation's seconds per sample when the
    check runs on the main thread and on another thread (a Dask worker runs tasks on
@@ -97,34 +99,44 @@ def main(argv=None) -> int:
                        executor=executor, shard_blocks=args.shard_blocks, progress=False).results[0]
         return time.perf_counter() - t0, (r.status, r.p_value, float(r.tv))
 
-    openers = [("pool-1", lambda: local_pool(1)), ("pool-2", lambda: local_pool(2)),
-               ("dask-1", lambda: dask_executor(workers=1)), ("dask-2", lambda: dask_executor(workers=2))]
-    if args.diagnose:
-        openers.append(("dask-2-thread", lambda: dask_executor(workers=2, main_thread=False)))
-    rows, verdicts, per_task = {}, {}, None
-    for label, opener in openers:
-        with opener() as executor:
-            run(executor)  # warm the workers (imports, the shard processes, the first shard)
-            times = []
-            for _ in range(args.repeats):
-                seconds, verdict = run(executor)
-                times.append(seconds)
-                verdicts[label] = verdict
-            if label == "dask-2":
-                t0 = time.perf_counter()
-                for f in [executor.submit(_noop, i) for i in range(args.tasks)]:
-                    f.result()
-                per_task = (time.perf_counter() - t0) / args.tasks
+    rows, verdicts, per_task, pairs = {}, {}, None, {}
+
+    def record_row(label, times):
         rows[label] = {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "runs": times}
         print(f"{label}: median {rows[label]['median_s']:.2f} s [{min(times):.2f}, {max(times):.2f}] for "
               f"N = {args.samples:,}", flush=True)
+
+    for n in (1, 2):  # the pool and the LocalCluster of n processes open together, their runs alternating
+        with local_pool(n) as pool, dask_executor(workers=n) as dask:
+            run(pool)  # warm the workers (imports, the shard processes, the first shard)
+            run(dask)
+            times = {"pool": [], "dask": []}
+            for _ in range(args.repeats):
+                for kind, executor in (("pool", pool), ("dask", dask)):
+                    seconds, verdicts[f"{kind}-{n}"] = run(executor)
+                    times[kind].append(seconds)
+            if n == 2:
+                t0 = time.perf_counter()
+                for f in [dask.submit(_noop, i) for i in range(args.tasks)]:
+                    f.result()
+                per_task = (time.perf_counter() - t0) / args.tasks
+        record_row(f"pool-{n}", times["pool"])
+        record_row(f"dask-{n}", times["dask"])
+        pairs[f"dask-{n}/pool-{n}"] = [d / p for d, p in zip(times["dask"], times["pool"])]
+    if args.diagnose:
+        with dask_executor(workers=2, main_thread=False) as executor:
+            run(executor)
+            times = []
+            for _ in range(args.repeats):
+                seconds, verdicts["dask-2-thread"] = run(executor)
+                times.append(seconds)
+        record_row("dask-2-thread", times)
     assert len(set(verdicts.values())) == 1, verdicts
     split = _thread_split(case, min(args.samples, 20_000))
     shard = _shard_cost(case, args.shard_blocks)
     load_after = os.getloadavg()
     speedup = rows["pool-1"]["median_s"] / rows["pool-2"]["median_s"]
-    ratios = {"dask-1/pool-1": rows["dask-1"]["median_s"] / rows["pool-1"]["median_s"],
-              "dask-2/pool-2": rows["dask-2"]["median_s"] / rows["pool-2"]["median_s"]}
+    ratios = {k: statistics.median(v) for k, v in pairs.items()}  # the median of the paired runs' ratios
     if args.diagnose:
         ratios["dask-2-thread/pool-2"] = rows["dask-2-thread"]["median_s"] / rows["pool-2"]["median_s"]
     per_sample = rows["pool-1"]["median_s"] / args.samples
@@ -143,6 +155,7 @@ def main(argv=None) -> int:
                     "cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after},
         "samples": args.samples, "repeats": args.repeats, "shard_blocks": args.shard_blocks,
         "runs": rows, "verdict": verdicts["pool-1"], "speedup_1_to_2": speedup, "ratios": ratios,
+        "paired_ratios": pairs,
         "seconds_per_sample_by_thread": split, "shard": shard,
         "dask_overhead_per_shard_s": per_task, "per_sample_s": per_sample,
         "estimate_1e8_on_100_workers_s": estimate,
