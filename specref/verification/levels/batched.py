@@ -67,7 +67,8 @@ from specref.core.backend import to_host
 from specref.core.errors import SpecrefError, SpecrefTypeError
 from specref.core.step import residual_weights
 from specref.decoding.batched import PLACEHOLDER, batched_draft_and_verify, batched_step, check_placeholder, row_tolerance
-from specref.verification.running.calling import Misbehaved, call, can_isolate, case_budget, foreign, guarded
+from specref.verification.running.calling import (Misbehaved, call, can_isolate, case_budget, foreign, guarded,
+                                                  short_repr)
 from specref.verification.laws.enumeration import compare, law
 from specref.verification.levels.runner import PILOT, run_cases, samples_in_budget
 from specref.verification.running.level import Level
@@ -374,7 +375,7 @@ def parse_output(out, B, K, V, k, drafts=None, *, placeholder=PLACEHOLDER, what=
     so that a conversion that never ends is a time-out.  The checks then run on host copies.
     """
     placeholder = check_placeholder(placeholder, V)
-    with foreign(f"{what} returned {_short(out)}, not [B, K+1] ids"):
+    with foreign(f"{what} returned {short_repr(out)}, not [B, K+1] ids"):
         tokens, counts, dtype = _host_output(out)
     if tokens.dtype.kind not in "iu":
         raise Misbehaved(INVALID, f"{what} returned ids of dtype {dtype or tokens.dtype}; ids must be integers")
@@ -434,14 +435,6 @@ def _host(x) -> np.ndarray:
     """A host NumPy copy (base class, its own memory) of an array of any backend, or of a list."""
     h = to_host(x) if hasattr(x, "shape") else np.asarray(x)
     return np.array(h, copy=True, subok=False)
-
-
-def _short(value, limit: int = 200) -> str:
-    try:
-        text = repr(value)
-    except BaseException:  # noqa: BLE001 - a hostile __repr__
-        text = f"<a {type(value).__name__} whose repr() raised>"
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # ---------------------------------------------------------------- exact mode

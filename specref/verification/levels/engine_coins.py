@@ -185,6 +185,12 @@ def vllm_race_on_p_kernel(*args):
 # ---------------------------------------------------------------- the call
 
 
+def _bonus_ids(case) -> np.ndarray:
+    """The bonus token the caller passes per row: the bonus row's most likely token.  # -> [B]"""
+    return np.array([int(np.argmax([float(v) for v in case.p_target[b, int(case.k[b])]]))
+                     for b in range(case.shape[0])], dtype=np.int64)
+
+
 def _call_args(case, x, u, E):
     """vLLM's call for drafts ``x [B, K]``, acceptance coins ``u [B, K]`` and exponentials ``E [B, V]``."""
     B, K1, V = case.shape
@@ -195,11 +201,10 @@ def _call_args(case, x, u, E):
     draft = None if case.q_draft is None else f32([case.q_draft[b, i] for b, i in live])
     with np.errstate(divide="ignore"):
         logits = np.log(f32([case.p_target[b, i] for b, i in live]))
-    bonus = np.array([[int(np.argmax([float(v) for v in case.p_target[b, int(k[b])]]))] for b in range(B)],
-                     dtype=np.int64)
+    bonus = _bonus_ids(case)[:, None]
     meta = CoinMetadata(uniform_probs=np.array([u[b, i] for b, i in live], dtype=np.float64),
                         exponentials=np.asarray(E, dtype=np.float32))
-    return (ids, [int(v) for v in k], K1 - 1, np.cumsum(k).astype(np.int64), draft, logits, bonus, meta), bonus[:, 0]
+    return ids, [int(v) for v in k], K1 - 1, np.cumsum(k).astype(np.int64), draft, logits, bonus, meta
 
 
 def _pattern(tokens, n, k, bonus):
@@ -219,7 +224,7 @@ def _runner(fn, case, x, settings):
 
     def run(u, E):
         run.calls += 1
-        args, _ = _call_args(case, x, u, E)
+        args = _call_args(case, x, u, E)
         at = f"uniform_probs = {args[7].uniform_probs.tolist()}, draft_token_ids = {args[0].tolist()}"
         try:
             return call(fn, args, {}, settings.time_limit,
@@ -239,7 +244,7 @@ def _acceptance_law(run, case, x, settings, budget):
     B, K1, V = case.shape
     K = K1 - 1
     ones = np.ones((B, V), dtype=np.float32)
-    bonus = _call_args(case, x, np.zeros((B, K)), ones)[1]
+    bonus = _bonus_ids(case)
     cands = {}
     for b in range(B):
         accept, _ = _row_thresholds(case, b, x)

@@ -61,7 +61,7 @@ from specref.core.step import draw
 from specref.core.tree import DraftTree, from_padded, sglang_slots, to_sglang
 from specref.decoding.chain import next_token_probs
 from specref.decoding.tree import SCHEMES, draft_on_shape, draft_tree, tree_paths, tree_rows
-from specref.verification.running.calling import Misbehaved, call, foreign
+from specref.verification.running.calling import Misbehaved, call, foreign, short_repr
 from specref.verification.laws.enumeration import target_law
 from specref.verification.levels.runner import exact_verdict, run_cases, sampled_verdict
 from specref.verification.running.level import Level
@@ -450,30 +450,22 @@ def _pair(out):
     return items
 
 
-def _short(value, limit: int = 200) -> str:
-    try:
-        text = repr(value)
-    except BaseException:  # noqa: BLE001 - a hostile __repr__
-        text = f"<a {type(value).__name__} whose repr() raised>"
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def parse_tree_output(out, tree, V, *, what="tree_step_fn"):
     """``(path, token)`` of a tree implementation's output, checked against the oracle's own ``tree``;
     ``Misbehaved(INVALID)`` for anything else (runs inside the guarded call)."""
-    with foreign(f"{what} returned {_short(out)}, not (a root-down path, a token)"):
+    with foreign(f"{what} returned {short_repr(out)}, not (a root-down path, a token)"):
         path, token = _pair(out)
         nodes = _index_list(path, tree.size)
         token = _index(token)
     inner = _inner_padding(nodes)
     if inner is not None:
-        raise Misbehaved(INVALID, f"{what} returned {_short(out)}: path[{inner[0]}] = -1 but accepted node {inner[1]} "
+        raise Misbehaved(INVALID, f"{what} returned {short_repr(out)}: path[{inner[0]}] = -1 but accepted node {inner[1]} "
                                   f"follows it (accept_index[{inner[0] + 1}] of a coin-fed kernel); only trailing -1 "
                                   f"is padding")
     try:
         nodes = tree.check_path(nodes)
     except SpecrefError as e:
-        raise Misbehaved(INVALID, f"{what} returned {_short(out)}, not (a root-down path, a token): {e}") from None
+        raise Misbehaved(INVALID, f"{what} returned {short_repr(out)}, not (a root-down path, a token): {e}") from None
     if not 0 <= token < V:
         raise Misbehaved(INVALID, f"{what} returned next token {token!r} outside the vocabulary 0..{V - 1}")
     return nodes, token
@@ -764,24 +756,24 @@ def parse_tree_batch_output(out, trees, V, *, what="kernel"):
     """Each row's ``(path, token)`` of a dense-batch kernel's ``(accept_index [B, S], next_tokens [B])``,
     checked against the oracle's own trees; ``Misbehaved(INVALID)`` naming the row otherwise."""
     batch = len(trees)
-    with foreign(f"{what} returned {_short(out)}, not (accept_index [B, S], next_tokens [B])"):
+    with foreign(f"{what} returned {short_repr(out)}, not (accept_index [B, S], next_tokens [B])"):
         accept_index, tokens = _pair(out)
         if hasattr(accept_index, "tolist"):
             accept_index = accept_index.tolist()
         rows = _index_rows(accept_index, batch, max(t.size for t in trees) + 1)
         tokens = _index_list(tokens, batch)
     if len(tokens) != batch:
-        raise Misbehaved(INVALID, f"{what} returned {len(tokens)} next tokens for a batch of {batch}: {_short(out)}")
+        raise Misbehaved(INVALID, f"{what} returned {len(tokens)} next tokens for a batch of {batch}: {short_repr(out)}")
     parsed = []
     for b, (accept, token) in enumerate(zip(rows, tokens)):
         inner = _inner_padding(accept)
         if inner is not None:
             raise Misbehaved(INVALID, f"{what} returned row {b}: accept_index[{b}][{inner[0]}] = -1 but accepted node "
-                                      f"{inner[1]} follows it; only trailing -1 is padding: {_short(out)}")
+                                      f"{inner[1]} follows it; only trailing -1 is padding: {short_repr(out)}")
         try:
             path = trees[b].check_path(_unpadded(accept)[1:])
         except SpecrefError as e:
-            raise Misbehaved(INVALID, f"{what} returned row {b}: {e}: {_short(out)}") from None
+            raise Misbehaved(INVALID, f"{what} returned row {b}: {e}: {short_repr(out)}") from None
         if not 0 <= token < V:
             raise Misbehaved(INVALID, f"{what} returned row {b}: next token {token} outside the vocabulary 0..{V - 1}")
         parsed.append((path, token))

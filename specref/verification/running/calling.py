@@ -76,7 +76,7 @@ from specref.verification.running.report import (
 )
 
 __all__ = ["Misbehaved", "call", "checked_tokens", "foreign", "run_case", "guarded", "can_isolate", "cuda_started",
-           "describe",
+           "describe", "short_repr",
            "load_implementation", "DETAIL_LIMIT", "IMPORT_TIME_LIMIT"]
 
 DETAIL_LIMIT = 1_000_000  # characters kept of one misbehaviour's detail (a report's table shows less)
@@ -319,6 +319,15 @@ def checked_tokens(out, V, *, min_len, max_len, what):
     except BaseException as e:  # noqa: BLE001 - the output's own methods failed
         raise Misbehaved(INVALID, f"{what} returned {_short(out)}, not a sequence of tokens "
                                   f"(converting it raised {describe(e)})") from None
+
+
+def short_repr(value, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters; a ``repr`` that raises (anything) is named, not raised."""
+    try:
+        text = repr(value)
+    except BaseException:  # noqa: BLE001 - a hostile __repr__
+        text = f"<a {type(value).__name__} whose repr() raised>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _short(value, limit: int = 300) -> str:
