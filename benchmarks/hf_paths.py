@@ -1,16 +1,26 @@
-"""Every Hugging Face ``generate`` speculative path under the decoder-level oracle, at a stated N; JSON output.
+"""Every Hugging Face ``generate`` speculative path under the decoder-level oracle, at planned N; JSON output.
 
 One row per path of :mod:`specref.adapters.hf_paths` (prompt lookup, early exit, different
 tokenizers with sampling -- as shipped and with the repaired translator -- and greedy, the
 ensemble weight at two weights, MTP, DFlash and Gemma 4, sampling and greedy): the statistical
 verdict against plain sampling with HF's processors (N, p, TV and its 99% interval, the TV the
-run detects with power 0.9), target calls per decode and the efficiency verdict where the
-reference has a call count, seconds and the peak RSS after the row; the ensemble rows add the
-exact TV of :func:`~specref.adapters.hf_paths.ensemble_law`.  Each row also states the planned N
-(TV >= 0.01 at alpha = 1e-6, power 0.9) and the time it would take at the measured seconds per
-call.  One torch thread.
+run detects with power 0.9), target calls per decode and the efficiency verdict where the path
+has a reference call count, seconds, and the peak RSS of this process and of the largest shard
+worker after the row; the ensemble rows add the exact TV of
+:func:`~specref.adapters.hf_paths.ensemble_law`.  Each row states the planned N (TV >= 0.01 at
+alpha = 1e-6, power 0.9); ``--planned`` runs every sampling path at it.  One torch thread per
+process.
 
-    python benchmarks/hf_paths.py --samples 1000 --out benchmarks/out/hf_paths.json
+``--workers W`` (W > 1) runs each verdict's shards on a ``ProcessPoolExecutor`` of W processes
+(the oracle's seeds come from ``SeedSequence`` per block, so the counts do not depend on W); the
+target calls are then counted in the workers, so the efficiency verdict comes from a second,
+in-process run of ``--efficiency-samples`` seeded decodes (its own seeds).  With one worker the
+verdict's own decodes are counted.  The different-tokenizer rows list the draft's vocabulary in
+one seeded order (:func:`~specref.adapters.hf_paths.seeded_vocab_order`): the shipped path's loss
+depends on that order, which is otherwise random per process.
+
+    python benchmarks/hf_paths.py --planned --workers 2 --out benchmarks/out/hf_paths.json
+    python benchmarks/hf_paths.py --samples 1000 --out hf_paths_small.json
     python benchmarks/hf_paths.py --table benchmarks/out/hf_paths.json   # the table in docs/results/hf-paths.md
 """
 
@@ -18,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -30,8 +42,9 @@ PLANNED_TV, PLANNED_ALPHA = 0.01, 1e-6
 ALPHA = 1e-3  # the run's level, as in tests/test_hf_paths.py
 GREEDY_N = 20  # a greedy law is a point mass: one wrong output fails it
 
+EFFICIENCY_SAMPLES = 20_000  # decodes of the separate efficiency run (--workers > 1)
+
 NO_REFERENCE = {
-    "prompt lookup": "none: the n-gram draft has no q and drafts 0 to K tokens as matches allow",
     "different tokenizers": "none: the draft is over another vocabulary",
     "architecture": "none: the first call drafts nothing and the drafts come from the target's hidden states",
 }
@@ -56,7 +69,8 @@ def _cross_vocab(config):
 
 def paths():
     """``[(path, generator, settings, make() -> (impl, case), efficiency)]``; ``efficiency`` is
-    ``"reference"`` (the reference's exact call count exists) or the reason there is none."""
+    ``"reference"`` (the chain reference's exact call count), ``"lookup"`` (prompt lookup decoding's,
+    :func:`~specref.verification.statistics.efficiency.lookup_iterations`) or the reason there is none."""
     from specref.adapters import hf_paths as P
     from specref.core.sampling import SamplingConfig
 
@@ -65,7 +79,7 @@ def paths():
 
     def universal(config, repaired=False):
         case, draft, chars, pieces = _cross_vocab(config)
-        return P.HFUniversal(draft, chars, pieces, repaired=repaired), case
+        return P.HFUniversal(draft, chars, pieces, repaired=repaired, seeded_vocab_order=True), case
 
     def arch(cls, config, k):
         impl = cls()
@@ -73,8 +87,7 @@ def paths():
 
     same = "PromptLookupCandidateGenerator"
     rows = [
-        ("prompt lookup", same, "T 0.8, K 2", lambda: (P.HFPromptLookup(), cases["lookup-temperature"]),
-         NO_REFERENCE["prompt lookup"]),
+        ("prompt lookup", same, "T 0.8, K 2", lambda: (P.HFPromptLookup(), cases["lookup-temperature"]), "lookup"),
         ("early exit", "EarlyExitCandidateGenerator", "top-k 2, layer 1 of 2, K 2",
          lambda: (P.HFEarlyExit(), cases["early-exit-top-k"]), "reference"),
         ("different tokenizers, sampling", "UniversalSpeculativeDecodingGenerator", "chars <- pieces, T 1, K 2",
@@ -116,35 +129,71 @@ def _planned(case):
     return int(samples_needed(PLANNED_TV, PLANNED_ALPHA, 0.9, len(null), null=null))
 
 
-def run_path(path, generator, settings, make, eff_kind, samples):
-    """One row of the record."""
+def _reference_law(eff_kind, case):
+    from specref.adapters.hf_generate import hf_rules
+    from specref.verification.statistics.efficiency import lookup_iterations, reference_iterations
+
+    if eff_kind == "lookup":
+        return lookup_iterations(case, rules=hf_rules)
+    return reference_iterations(case, rules=hf_rules)
+
+
+def _efficiency_calls(impl, case, decodes, seed=20261202):
+    """Target calls of ``decodes`` seeded decodes in this process (seeds from ``SeedSequence(seed)``)."""
+    import numpy as np
+
+    target, draft = case.models()
+    seeds = np.random.default_rng(np.random.SeedSequence(seed)).integers(0, 2**63, decodes)
+    impl.target_calls.clear()
+    for s in seeds:
+        impl(target, draft, list(case.prompt), k=case.k, config=case.config, max_new_tokens=case.max_new_tokens,
+             stop_tokens=case.stop_tokens, rng=int(s))
+    return list(impl.target_calls)
+
+
+def _peak_mb(who):
+    return resource.getrusage(who).ru_maxrss / 1024
+
+
+def run_path(path, generator, settings, make, eff_kind, samples, *, planned=False, executor=None,
+             efficiency_samples=EFFICIENCY_SAMPLES):
+    """One row of the record: N is ``samples``, or the planned N with ``planned`` (greedy paths: ``GREEDY_N``)."""
     from specref.adapters.hf_generate import hf_rules
     from specref.adapters.hf_paths import ensemble_law
     from specref.verification.oracle import check_decoder
     from specref.verification.statistics.efficiency import efficiency
 
-    t0 = time.perf_counter()
     impl, case = make()
-    n = GREEDY_N if case.config.greedy else samples
-    r = check_decoder(impl, cases=[case], mode="statistical", samples=n, alpha=ALPHA, progress=False).results[0]
+    planned_n = GREEDY_N if case.config.greedy else _planned(case)
+    n = GREEDY_N if case.config.greedy else planned_n if planned else samples
+    t0 = time.perf_counter()
+    r = check_decoder(impl, cases=[case], mode="statistical", samples=n, alpha=ALPHA, progress=False,
+                      executor=executor).results[0]
     seconds = time.perf_counter() - t0
     row = {"path": path, "generator": generator, "settings": settings, "case": case.name, "status": r.status,
            "n": r.n_samples, "p_value": r.p_value, "tv": r.tv, "tv_interval": list(r.tv_interval),
-           "detectable_tv": r.detectable_tv, "seconds": seconds, "detail": r.detail[:300]}
+           "detectable_tv": r.detectable_tv, "seconds": seconds, "detail": r.detail[:300],
+           "workers": getattr(executor, "_max_workers", 1)}
     calls = list(impl.target_calls)
-    row["calls_per_decode"] = sum(calls) / len(calls) if calls else None
-    if eff_kind == "reference" and len(calls) >= 2:
-        e = efficiency(calls, case, rules=hf_rules)
+    if eff_kind in ("reference", "lookup") and not case.config.greedy:
+        source = "the verdict's decodes"
+        if len(calls) < 2:  # the decodes ran in the executor's workers: a run of their own, here
+            t1 = time.perf_counter()
+            calls = _efficiency_calls(impl, case, efficiency_samples)
+            source = f"{len(calls):,} decodes of their own, {time.perf_counter() - t1:.0f} s"
+        e = efficiency(calls, case, rules=hf_rules, reference=_reference_law(eff_kind, case))
         row["efficiency"] = {"measured": e.mean, "interval_99": list(e.interval), "reference": e.reference,
-                             "verdict": e.verdict}
+                             "verdict": e.verdict, "decodes": e.n, "from": source}
     else:
-        row["efficiency"] = {"verdict": eff_kind if eff_kind != "reference" else "not measured"}
+        row["efficiency"] = {"verdict": eff_kind if eff_kind not in ("reference", "lookup") else "not measured"}
+    row["calls_per_decode"] = sum(calls) / len(calls) if calls else None
     if hasattr(impl, "weight"):
         row["exact_tv"] = ensemble_law(case, impl.weight)[2]
     row["seconds_per_call"] = seconds / max(1, r.n_samples)
-    row["planned_n"] = GREEDY_N if case.config.greedy else _planned(case)
+    row["planned_n"] = planned_n
     row["projected_s_at_planned_n"] = row["planned_n"] * row["seconds_per_call"]
-    row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    row["peak_rss_mb"] = _peak_mb(resource.RUSAGE_SELF)
+    row["peak_worker_rss_mb"] = _peak_mb(resource.RUSAGE_CHILDREN) if executor is not None else None
     return row
 
 
@@ -173,19 +222,40 @@ def table(record: dict) -> str:
     return "\n".join(lines)
 
 
+def _worker_setup():
+    """A shard worker: one torch thread, transformers quiet (as this process)."""
+    import torch
+    from transformers.utils import logging
+
+    torch.set_num_threads(1)
+    logging.set_verbosity_error()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=1000, help="N per sampling path (greedy paths: 20)")
+    ap.add_argument("--planned", action="store_true", help="N per sampling path: its planned N (TV >= 0.01, alpha 1e-6)")
+    ap.add_argument("--workers", type=int, default=1, help="processes for each verdict's shards (1: this process)")
+    ap.add_argument("--efficiency-samples", type=int, default=EFFICIENCY_SAMPLES,
+                    help="decodes of the in-process efficiency run when --workers > 1")
     ap.add_argument("--paths", nargs="*", default=None, help="path names (default: all)")
     ap.add_argument("--out", default="hf_paths.json")
     ap.add_argument("--table", metavar="JSON", help="print the results page's table of a record and stop")
     args = ap.parse_args(argv)
-    if args.samples < 2:
-        ap.error(f"--samples must be >= 2, got {args.samples}")
+    for name in ("samples", "efficiency_samples"):
+        if getattr(args, name) < 2:
+            ap.error(f"--{name.replace('_', '-')} must be >= 2, got {getattr(args, name)}")
+    if args.workers < 1:
+        ap.error(f"--workers must be >= 1, got {args.workers}")
     if args.table:
         with open(args.table) as f:
             print(table(json.load(f)))
         return 0
+
+    known = [spec[0] for spec in paths()]
+    unknown = sorted(set(args.paths or ()) - set(known))
+    if unknown:
+        ap.error(f"--paths: unknown {unknown}; the paths are {known}")
 
     import torch
     import transformers
@@ -195,18 +265,32 @@ def main(argv=None) -> int:
     logging.set_verbosity_error()
     record = {"versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                            "python": platform.python_version(), "machine": platform.machine()},
-              "settings": {"samples": args.samples, "greedy_samples": GREEDY_N, "alpha": ALPHA, "torch_threads": 1,
+              "settings": {"samples": "planned" if args.planned else args.samples, "greedy_samples": GREEDY_N,
+                           "alpha": ALPHA, "torch_threads": 1, "workers": args.workers,
+                           "efficiency_samples": args.efficiency_samples if args.workers > 1 else None,
                            "planned_tv": PLANNED_TV, "planned_alpha": PLANNED_ALPHA, "planned_power": 0.9},
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+              "command": shlex.join(["python", "benchmarks/hf_paths.py", *(sys.argv[1:] if argv is None else argv)]),
               "paths": []}
+    executor = None
+    if args.workers > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        executor = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("forkserver"),
+                                       initializer=_worker_setup)
     for spec in paths():
         if args.paths and spec[0] not in args.paths:
             continue
-        row = run_path(*spec, args.samples)
+        row = run_path(*spec, args.samples, planned=args.planned, executor=executor,
+                       efficiency_samples=args.efficiency_samples)
         print(f"{row['path']:<42} {row['status']:<8} N={row['n']} p={row['p_value']:.3g} "
               f"TV={row['tv']:.3f} {row['seconds']:.1f} s", flush=True)
         record["paths"].append(row)
         with open(args.out, "w") as f:  # after every path: a stopped run keeps what it finished
             json.dump(record, f, indent=1, default=str)
+    if executor is not None:
+        executor.shutdown()
     record["seconds"] = sum(r["seconds"] for r in record["paths"])
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1, default=str)

@@ -49,7 +49,13 @@ def test_the_record_has_every_path_once_with_its_numbers():
     assert all("exact_tv" in row and row["status"] == "differs" for row in ensemble)
 
 
-def test_the_script_names_a_bad_argument_and_its_value(capsys):
+@pytest.mark.parametrize("argv, named", [
+    (["--samples", "1"], "--samples must be >= 2, got 1"),
+    (["--efficiency-samples", "0"], "--efficiency-samples must be >= 2, got 0"),
+    (["--workers", "0"], "--workers must be >= 1, got 0"),
+    (["--paths", "MTP"], "--paths: unknown ['MTP']"),
+])
+def test_the_script_names_a_bad_argument_and_its_value(capsys, argv, named):
     with pytest.raises(SystemExit) as e:
-        main(["--samples", "1"])
-    assert e.value.code == 2 and "--samples must be >= 2, got 1" in capsys.readouterr().err
+        main(argv)
+    assert e.value.code == 2 and named in capsys.readouterr().err

@@ -76,7 +76,8 @@ from specref.verification.cases.models import logits_fn
 
 __all__ = ["HFPath", "HFPromptLookup", "HFEarlyExit", "HFUniversal", "HFEnsemble", "HFArchitecturePath", "HFMTP",
            "HFDFlash", "HFGemma4", "model_table", "prefix_logits", "early_exit_model",
-           "embedded_model", "hf_tokenizer", "target_logit_columns", "repaired_translator", "ensemble_step",
+           "embedded_model", "hf_tokenizer", "target_logit_columns", "repaired_translator", "seeded_vocab_order",
+           "ensemble_step",
            "ensemble_law", "path_cases", "NEG_LOGIT"]
 
 NEG_LOGIT = -1e4  # a -inf logit as the embedded model's hidden state: exp underflows to 0 in float32
@@ -423,16 +424,22 @@ class HFUniversal(HFPath):
     assistant's head when it builds it, so a new assistant needs new tokenizer objects.
     """
 
-    def __init__(self, draft, target_tokenizer, draft_tokenizer, *, repaired: bool = False):
+    def __init__(self, draft, target_tokenizer, draft_tokenizer, *, repaired: bool = False,
+                 seeded_vocab_order: bool = False):
         super().__init__()
         self.draft, self.target_tokenizer, self.draft_tokenizer = draft, target_tokenizer, draft_tokenizer
         self.repaired = repaired
+        if not isinstance(seeded_vocab_order, bool):
+            raise SpecrefError(f"seeded_vocab_order must be True or False, got {seeded_vocab_order!r}")
+        self.seeded_vocab_order = seeded_vocab_order
         self.assistants = {}  # settings -> the embedded assistant (its calls: the contexts it saw)
 
     def _generate(self, *args, **kwargs):
-        if not self.repaired:
-            return super()._generate(*args, **kwargs)
-        with repaired_translator():
+        with contextlib.ExitStack() as stack:
+            if self.seeded_vocab_order:
+                stack.enter_context(seeded_vocab_order())
+            if self.repaired:
+                stack.enter_context(repaired_translator())
             return super()._generate(*args, **kwargs)
 
     def prepare(self, target, draft, settings):
@@ -450,7 +457,35 @@ class HFUniversal(HFPath):
 
     def __repr__(self):
         return (f"HFUniversal({self.target_tokenizer!r} <- {self.draft_tokenizer!r}"
-                + (", repaired=True)" if self.repaired else ")"))
+                + (", repaired=True" if self.repaired else "")
+                + (", seeded_vocab_order=True" if self.seeded_vocab_order else "") + ")")
+
+
+@contextlib.contextmanager
+def seeded_vocab_order():
+    """``PreTrainedTokenizerFast.get_vocab()`` listing the vocabulary in one seeded order, restored on exit.
+
+    A ``tokenizers`` tokenizer lists its vocabulary in a Rust HashMap's order, seeded at random in
+    every process, and transformers 5.24's vocabulary translator writes the pruned head's logit
+    columns in that order (:func:`target_logit_columns`): how far the shipped different-tokenizer
+    path lands from the target law changes from process to process, and from shard to shard of a
+    check on an executor.  Here the order is ``numpy.random.default_rng(V).permutation(V)`` of the
+    ids (``V`` the vocabulary's size): one such order, the same in every process.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    original = PreTrainedTokenizerFast.get_vocab
+
+    def get_vocab(self):
+        items = sorted(original(self).items(), key=lambda kv: kv[1])
+        order = np.random.default_rng(len(items)).permutation(len(items))
+        return {items[i][0]: items[i][1] for i in order}
+
+    PreTrainedTokenizerFast.get_vocab = get_vocab
+    try:
+        yield
+    finally:
+        PreTrainedTokenizerFast.get_vocab = original
 
 
 def target_logit_columns(translator):

@@ -23,10 +23,11 @@ from scipy.stats import norm
 
 from specref.core.errors import SpecrefError
 from specref.decoding.chain import speculative_decode, speculative_transition
+from specref.decoding.prompt_lookup import lookup_transition
 from specref.verification.laws.enumeration import law, law_iterated
 from specref.verification.cases.rules import ruled
 
-__all__ = ["reference_iterations", "Efficiency", "efficiency", "MEAN_TOL"]
+__all__ = ["reference_iterations", "lookup_iterations", "Efficiency", "efficiency", "MEAN_TOL"]
 
 _MARK = -1  # ends each iteration's block in the memoised enumeration: never a token
 
@@ -54,14 +55,41 @@ def reference_iterations(case, *, rules=None, draft_rules=None, memoise: bool = 
             block, nxt = step(state, rng)
             return tuple(block) + (_MARK,), nxt
 
-        for out, w in law_iterated((), marked).items():
-            n = sum(1 for x in out if x == _MARK)
-            dist[n] = dist.get(n, 0) + w
-        return dist
+        return _counted(law_iterated((), marked))
     for out, w in law(lambda rng: speculative_decode(t, d, list(case.prompt), rng=rng, **settings).iterations).items():
         n = out[0] if isinstance(out, tuple) else out
         dist[n] = dist.get(n, 0) + w
     return dist
+
+
+def _counted(law_of_marked_outputs) -> dict:
+    dist: dict = {}
+    for out, w in law_of_marked_outputs.items():
+        n = sum(1 for x in out if x == _MARK)
+        dist[n] = dist.get(n, 0) + w
+    return dist
+
+
+def lookup_iterations(case, *, num_tokens: int | None = None, max_ngram: int = 2, rules=None,
+                      memoise: bool = True) -> dict:
+    """The exact law of prompt lookup decoding's number of target calls on ``case``: ``{calls: probability}``.
+
+    The reference for a decoder that drafts by prompt lookup (:mod:`specref.decoding.prompt_lookup`,
+    SPEC §15) instead of from ``case``'s draft: ``num_tokens`` drafted at most (default ``case.k``),
+    n-grams of up to ``max_ngram`` tokens, the target's rows under ``rules``.  ``memoise=True``
+    enumerates one iteration at a time, ``memoise=False`` whole runs (the independent route).
+    """
+    target, _ = case.models()
+    t, config = ruled(target, case.config, rules)
+    step = lookup_transition(t, list(case.prompt), num_tokens=case.k if num_tokens is None else num_tokens,
+                             max_new_tokens=case.max_new_tokens, config=config, stop_tokens=case.stop_tokens,
+                             max_ngram=max_ngram)
+
+    def marked(state, rng):
+        block, nxt = step(state, rng)
+        return tuple(block) + (_MARK,), nxt
+
+    return _counted(law_iterated((), marked, memoise=memoise))
 
 
 def _mean(dist):
@@ -106,8 +134,12 @@ class Efficiency:
                 f"vs the reference's exact {self.reference:.4g}: {self.verdict}")
 
 
-def efficiency(measured, case, *, rules=None, level: float = 0.99) -> Efficiency:
+def efficiency(measured, case, *, rules=None, level: float = 0.99, reference: dict | None = None) -> Efficiency:
     """Compare ``measured`` (target calls per decode, one int per decode) with the reference on ``case``.
+
+    ``reference``: the reference's law of calls, ``{calls: probability}``, where the decoder's
+    reference is not the chain's (:func:`lookup_iterations`); default
+    :func:`reference_iterations` of ``case`` under ``rules``.
 
     The interval is ``mean +- z s / sqrt(n)`` with ``s = max(sample std, the reference's exact std)``:
     when every decode makes the same number of calls the sample std is 0, and an interval of zero
@@ -121,7 +153,9 @@ def efficiency(measured, case, *, rules=None, level: float = 0.99) -> Efficiency
         raise SpecrefError(f"measured must hold at least 2 decodes, got {x.size}")
     if not 0 < level < 1:
         raise SpecrefError(f"level must be in (0, 1), got {level!r}")
-    law = reference_iterations(case, rules=rules)
+    law = reference_iterations(case, rules=rules) if reference is None else reference
+    if not law or not math.isclose(sum(float(w) for w in law.values()), 1.0, rel_tol=1e-9):
+        raise SpecrefError(f"reference must be a law of calls summing to 1, got {law!r:.200}")
     ref = float(_mean(law))
     half = norm.ppf(0.5 + level / 2) * max(float(x.std(ddof=1)), _std(law)) / math.sqrt(x.size)
     return Efficiency(int(x.size), float(x.mean()), (float(x.mean() - half), float(x.mean() + half)), ref, level)
