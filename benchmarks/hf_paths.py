@@ -22,6 +22,7 @@ depends on that order, which is otherwise random per process.
     python benchmarks/hf_paths.py --planned --workers 2 --out benchmarks/out/hf_paths.json
     python benchmarks/hf_paths.py --samples 1000 --out hf_paths_small.json
     python benchmarks/hf_paths.py --table benchmarks/out/hf_paths.json   # the table in docs/results/hf-paths.md
+    python benchmarks/hf_paths.py --readme-table benchmarks/out/hf_paths.json   # the README's
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ GREEDY_N = 20  # a greedy law is a point mass: one wrong output fails it
 EFFICIENCY_SAMPLES = 20_000  # decodes of the separate efficiency run (--workers > 1)
 
 NO_REFERENCE = {
-    "different tokenizers": "none: the draft is over another vocabulary",
     "architecture": "none: the first call drafts nothing and the drafts come from the target's hidden states",
 }
 
@@ -69,8 +69,10 @@ def _cross_vocab(config):
 
 def paths():
     """``[(path, generator, settings, make() -> (impl, case), efficiency)]``; ``efficiency`` is
-    ``"reference"`` (the chain reference's exact call count), ``"lookup"`` (prompt lookup decoding's,
-    :func:`~specref.verification.statistics.efficiency.lookup_iterations`) or the reason there is none."""
+    one of :data:`REFERENCES` -- ``"reference"`` (the chain reference's exact law of calls), ``"lookup"``
+    (prompt lookup decoding's, :func:`~specref.verification.statistics.efficiency.lookup_iterations`),
+    ``"tli"`` or ``"slem"`` (Timor et al.'s algorithms with the path's draft and tokenizers, TLI's draft
+    reading the committed tokens one by one as transformers does) -- or the reason there is none."""
     from specref.adapters import hf_paths as P
     from specref.core.sampling import SamplingConfig
 
@@ -91,12 +93,11 @@ def paths():
         ("early exit", "EarlyExitCandidateGenerator", "top-k 2, layer 1 of 2, K 2",
          lambda: (P.HFEarlyExit(), cases["early-exit-top-k"]), "reference"),
         ("different tokenizers, sampling", "UniversalSpeculativeDecodingGenerator", "chars <- pieces, T 1, K 2",
-         lambda: universal(plain), NO_REFERENCE["different tokenizers"]),
+         lambda: universal(plain), "tli"),
         ("different tokenizers, sampling, repaired", "UniversalSpeculativeDecodingGenerator",
-         "chars <- pieces, T 1, K 2, repaired_translator", lambda: universal(plain, True),
-         NO_REFERENCE["different tokenizers"]),
+         "chars <- pieces, T 1, K 2, repaired_translator", lambda: universal(plain, True), "tli"),
         ("different tokenizers, greedy", "AssistedCandidateGeneratorDifferentTokenizers", "chars <- pieces, greedy",
-         lambda: universal(greedy), NO_REFERENCE["different tokenizers"]),
+         lambda: universal(greedy), "slem"),
     ]
     for w in (0.5, 0.8):
         rows.append((f"ensemble weight {w}", "AssistedCandidateGenerator", f"assistant_ensemble_weight {w}, T 1, K 2",
@@ -129,13 +130,28 @@ def _planned(case):
     return int(samples_needed(PLANNED_TV, PLANNED_ALPHA, 0.9, len(null), null=null))
 
 
-def _reference_law(eff_kind, case):
+REFERENCES = ("reference", "lookup", "tli", "slem")  # the efficiency kinds that have an exact law of calls
+
+
+def _reference_law(eff_kind, case, impl):
+    """The reference's exact law of target calls on ``case`` for a path of kind ``eff_kind``."""
     from specref.adapters.hf_generate import hf_rules
-    from specref.verification.statistics.efficiency import lookup_iterations, reference_iterations
+    from specref.decoding.cross_vocab import slem_transition, tli_transition
+    from specref.verification.cases.rules import ruled
+    from specref.verification.statistics.efficiency import iterations_law, lookup_iterations, reference_iterations
 
     if eff_kind == "lookup":
         return lookup_iterations(case, rules=hf_rules)
-    return reference_iterations(case, rules=hf_rules)
+    if eff_kind == "reference":
+        return reference_iterations(case, rules=hf_rules)
+    (t, config), (d, _) = ruled(case.models()[0], case.config, hf_rules), ruled(impl.draft, case.config, hf_rules)
+    if eff_kind == "tli":  # the draft reads the committed tokens one by one, as transformers' generator does
+        iteration = tli_transition(t, d, impl.target_tokenizer, impl.draft_tokenizer, list(case.prompt), k=case.k,
+                                   config=config, max_new_tokens=case.max_new_tokens, draft_context="mapped")
+    else:
+        iteration = slem_transition(t, d, impl.target_tokenizer, impl.draft_tokenizer, list(case.prompt), k=case.k,
+                                    config=config, max_new_tokens=case.max_new_tokens)
+    return iterations_law(iteration)
 
 
 def _efficiency_calls(impl, case, decodes, seed=20261202):
@@ -175,17 +191,17 @@ def run_path(path, generator, settings, make, eff_kind, samples, *, planned=Fals
            "detectable_tv": r.detectable_tv, "seconds": seconds, "detail": r.detail[:300],
            "workers": getattr(executor, "_max_workers", 1)}
     calls = list(impl.target_calls)
-    if eff_kind in ("reference", "lookup") and not case.config.greedy:
+    if eff_kind in REFERENCES:
         source = "the verdict's decodes"
         if len(calls) < 2:  # the decodes ran in the executor's workers: a run of their own, here
             t1 = time.perf_counter()
-            calls = _efficiency_calls(impl, case, efficiency_samples)
+            calls = _efficiency_calls(impl, case, GREEDY_N if case.config.greedy else efficiency_samples)
             source = f"{len(calls):,} decodes of their own, {time.perf_counter() - t1:.0f} s"
-        e = efficiency(calls, case, rules=hf_rules, reference=_reference_law(eff_kind, case))
+        e = efficiency(calls, case, rules=hf_rules, reference=_reference_law(eff_kind, case, impl))
         row["efficiency"] = {"measured": e.mean, "interval_99": list(e.interval), "reference": e.reference,
                              "verdict": e.verdict, "decodes": e.n, "from": source}
     else:
-        row["efficiency"] = {"verdict": eff_kind if eff_kind not in ("reference", "lookup") else "not measured"}
+        row["efficiency"] = {"verdict": eff_kind}
     row["calls_per_decode"] = sum(calls) / len(calls) if calls else None
     if hasattr(impl, "weight"):
         row["exact_tv"] = ensemble_law(case, impl.weight)[2]
@@ -197,28 +213,43 @@ def run_path(path, generator, settings, make, eff_kind, samples, *, planned=Fals
     return row
 
 
-def _efficiency_cell(row):
+def _efficiency_cell(row, short=False):
     e = row["efficiency"]
     if "measured" not in e:
-        return e["verdict"]
+        return e["verdict"].split(":")[0] if short else e["verdict"]
     lo, hi = e["interval_99"]
     return f"{e['measured']:.3f} [{lo:.3f}, {hi:.3f}] vs {e['reference']:.3f}: {e['verdict']}"
+
+
+def _tv_cell(row):
+    lo, hi = row["tv_interval"]
+    tv = f"{row['tv']:.3f} [{lo:.3f}, {hi:.3f}]"
+    return tv + (f"; exact {row['exact_tv']:.3f}" if "exact_tv" in row else "")
 
 
 def table(record: dict) -> str:
     """Markdown: one row per path of a record (``tests/test_hf_paths_table.py`` checks the results page holds it)."""
     lines = ["| path | generator | settings | N | status | p | TV [99% interval] | calls per decode; efficiency | s "
-             "| planned N, projected h |",
+             "| peak RSS MB, main / worker |",
              "|---|---|---|---:|---|---:|---|---|---:|---|"]
     for row in record["paths"]:
-        lo, hi = row["tv_interval"]
-        tv = f"{row['tv']:.3f} [{lo:.3f}, {hi:.3f}]"
-        if "exact_tv" in row:
-            tv += f"; exact {row['exact_tv']:.3f}"
         calls = "" if row["calls_per_decode"] is None else f"{row['calls_per_decode']:.3f}; "
+        worker = row.get("peak_worker_rss_mb")
+        rss = f"{row['peak_rss_mb']:.0f}" + ("" if worker is None else f" / {worker:.0f}")
         lines.append(f"| {row['path']} | `{row['generator']}` | {row['settings']} | {row['n']:,} | {row['status']} "
-                     f"| {row['p_value']:.2g} | {tv} | {calls}{_efficiency_cell(row)} | {row['seconds']:.1f} "
-                     f"| {row['planned_n']:,}, {row['projected_s_at_planned_n'] / 3600:.2f} |")
+                     f"| {row['p_value']:.2g} | {_tv_cell(row)} | {calls}{_efficiency_cell(row)} "
+                     f"| {row['seconds']:.0f} | {rss} |")
+    return "\n".join(lines)
+
+
+def readme_table(record: dict) -> str:
+    """Markdown: the README's shorter table of a record, one row per path (checked by ``tests/test_hf_paths_table.py``)."""
+    lines = ["| path | generator | settings | N | status, p | TV [99% interval] | efficiency | s |",
+             "|---|---|---|---:|---|---|---|---:|"]
+    for row in record["paths"]:
+        lines.append(f"| {row['path']} | `{row['generator']}` | {row['settings']} | {row['n']:,} "
+                     f"| {row['status']}, {row['p_value']:.2g} | {_tv_cell(row)} | {_efficiency_cell(row, True)} "
+                     f"| {row['seconds']:.0f} |")
     return "\n".join(lines)
 
 
@@ -240,17 +271,21 @@ def main(argv=None) -> int:
                     help="decodes of the in-process efficiency run when --workers > 1")
     ap.add_argument("--paths", nargs="*", default=None, help="path names (default: all)")
     ap.add_argument("--out", default="hf_paths.json")
+    ap.add_argument("--into", action="store_true",
+                    help="keep --out's other rows: the paths run here replace theirs (same versions and settings)")
     ap.add_argument("--table", metavar="JSON", help="print the results page's table of a record and stop")
+    ap.add_argument("--readme-table", metavar="JSON", help="print the README's table of a record and stop")
     args = ap.parse_args(argv)
     for name in ("samples", "efficiency_samples"):
         if getattr(args, name) < 2:
             ap.error(f"--{name.replace('_', '-')} must be >= 2, got {getattr(args, name)}")
     if args.workers < 1:
         ap.error(f"--workers must be >= 1, got {args.workers}")
-    if args.table:
-        with open(args.table) as f:
-            print(table(json.load(f)))
-        return 0
+    for path, make_table in ((args.table, table), (args.readme_table, readme_table)):
+        if path:
+            with open(path) as f:
+                print(make_table(json.load(f)))
+            return 0
 
     known = [spec[0] for spec in paths()]
     unknown = sorted(set(args.paths or ()) - set(known))
@@ -272,6 +307,14 @@ def main(argv=None) -> int:
               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
               "command": shlex.join(["python", "benchmarks/hf_paths.py", *(sys.argv[1:] if argv is None else argv)]),
               "paths": []}
+    if args.into and os.path.exists(args.out):
+        with open(args.out) as f:
+            earlier = json.load(f)
+        for key in ("versions", "settings"):
+            if earlier[key] != record[key]:
+                ap.error(f"--into: {args.out}'s {key} differ from this run's: {earlier[key]!r} vs {record[key]!r}")
+        record["paths"] = [row for row in earlier["paths"] if not args.paths or row["path"] not in args.paths]
+        record["command"] = earlier["command"] + " ; " + record["command"]
     executor = None
     if args.workers > 1:
         import multiprocessing
@@ -287,6 +330,8 @@ def main(argv=None) -> int:
         print(f"{row['path']:<42} {row['status']:<8} N={row['n']} p={row['p_value']:.3g} "
               f"TV={row['tv']:.3f} {row['seconds']:.1f} s", flush=True)
         record["paths"].append(row)
+        order = {name: i for i, name in enumerate(known)}
+        record["paths"].sort(key=lambda r: order[r["path"]])
         with open(args.out, "w") as f:  # after every path: a stopped run keeps what it finished
             json.dump(record, f, indent=1, default=str)
     if executor is not None:

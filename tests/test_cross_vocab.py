@@ -12,6 +12,7 @@ orientation where its rule matters.  About 20 s.
 """
 
 from fractions import Fraction
+from functools import partial
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ pytest.importorskip("tokenizers")
 from specref.core.errors import SpecrefError, SpecrefTypeError  # noqa: E402
 from specref.core.sampling import SamplingConfig  # noqa: E402
 from specref.decoding.cross_vocab import (  # noqa: E402
+    DRAFT_CONTEXTS,
     cross_vocab_decoder,
     intersection,
     restrict_to_intersection,
@@ -113,6 +115,24 @@ def test_slem_and_tli_are_lossless_exactly(transition, name):
         assert exact_tv(transition, name, config=config) == 0, config
     stop = ORIENTATIONS[name][0].pieces.index(".")
     assert exact_tv(transition, name, k=3, stop_tokens=(stop,)) == 0
+
+
+@pytest.mark.parametrize("name", list(ORIENTATIONS))
+def test_tli_reading_the_committed_tokens_one_by_one_is_lossless_and_reads_other_draft_tokens(name):
+    mapped = partial(tli_transition, draft_context="mapped")
+    for config in CONFIGS[:2]:
+        assert exact_tv(mapped, name, config=config) == 0, config
+    T, D, target, draft, prompt = setting(name)
+    committed = prompt + T.encode(" c")  # a space, then c: the piece tokenizer merges them into one piece
+    contexts = {ctx: tli_transition(target, draft, T, D, prompt, k=2, config=SamplingConfig(), max_new_tokens=2,
+                                    draft_context=ctx).setting.draft_context(committed) for ctx in DRAFT_CONTEXTS}
+    assert contexts["text"] == D.encode("the c")
+    if name == "chars-target":  # the two characters are two draft tokens of the same strings
+        assert contexts["mapped"] == D.encode("the") + [D.pieces.index("\u2581"), D.pieces.index("c")]
+        assert contexts["mapped"] != contexts["text"]
+    with pytest.raises(SpecrefError, match="draft_context must be one of"):
+        tli_transition(target, draft, T, D, prompt, k=2, config=SamplingConfig(), max_new_tokens=2,
+                       draft_context="bytes")
 
 
 def test_the_memoised_law_is_the_unmemoised_one():

@@ -15,22 +15,32 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from hf_paths import main, table  # noqa: E402
+from hf_paths import main, readme_table, table  # noqa: E402
 
 RECORD = ROOT / "benchmarks" / "out" / "hf_paths.json"
 PAGE = ROOT / "docs" / "results" / "hf-paths.md"
+README = ROOT / "README.md"
+TABLES = [(table, PAGE, "--table"), (readme_table, README, "--readme-table")]
 
 
-def test_the_page_holds_the_committed_table():
-    assert table(json.loads(RECORD.read_text())) in PAGE.read_text(), "run: python benchmarks/hf_paths.py --table " \
-        + str(RECORD.relative_to(ROOT))
+@pytest.mark.parametrize("make, page, flag", TABLES)
+def test_the_page_and_the_readme_hold_the_committed_table(make, page, flag):
+    assert make(json.loads(RECORD.read_text())) in page.read_text(), \
+        f"run: python benchmarks/hf_paths.py {flag} {RECORD.relative_to(ROOT)}"
 
 
-def test_the_page_check_can_fail():
+@pytest.mark.parametrize("make, page, flag", TABLES)
+def test_the_table_check_can_fail(make, page, flag):
     record = json.loads(RECORD.read_text())
     changed = copy.deepcopy(record)
     changed["paths"][0]["p_value"] = 0.5 if record["paths"][0]["p_value"] != 0.5 else 0.25
-    assert table(changed) not in PAGE.read_text()
+    assert make(changed) not in page.read_text()
+
+
+def test_the_readme_table_has_one_row_per_path_of_the_record():
+    record = json.loads(RECORD.read_text())
+    rows = [line for line in readme_table(record).splitlines()[2:]]
+    assert len(rows) == len(record["paths"]) >= 13
 
 
 def test_the_record_has_every_path_once_with_its_numbers():
@@ -44,6 +54,7 @@ def test_the_record_has_every_path_once_with_its_numbers():
     for row in record["paths"]:
         for field in ("n", "p_value", "tv_interval", "seconds", "peak_rss_mb", "planned_n", "efficiency"):
             assert row[field] is not None, (row["path"], field)
+        assert row["n"] >= row["planned_n"], (row["path"], "a verdict below its planned N")
     assert {"transformers", "torch", "python"} <= set(record["versions"])
     ensemble = [row for row in record["paths"] if row["path"].startswith("ensemble")]
     assert all("exact_tv" in row and row["status"] == "differs" for row in ensemble)

@@ -77,6 +77,7 @@ __all__ = [
     "transition_decode",
     "cross_vocab_decoder",
     "ALGORITHMS",
+    "DRAFT_CONTEXTS",
 ]
 
 
@@ -183,12 +184,28 @@ class _Setting:
     k: int
     max_new_tokens: int
     stops: frozenset
+    context: str = "text"  # how the draft reads the committed tokens (DRAFT_CONTEXTS)
+    to_draft: dict = field(default_factory=dict, repr=False)  # target id -> draft id, shared strings ("mapped")
 
     def draft_context(self, committed) -> list[int]:
-        """The draft's own tokens for the committed text: ``draft.encode(target.decode(committed))``."""
-        text = self.target_tokenizer.decode(committed)
-        return check_tokens("draft_tokenizer.encode(text)", self.draft_tokenizer.encode(text),
-                            self.draft_rows.vocab)
+        """The draft's own tokens for the committed target tokens.
+
+        ``"text"``: ``draft.encode(target.decode(committed))``.  ``"mapped"``: the prompt's text
+        encoded so, then each generated token as the draft token of the same string where there is
+        one, else its own text encoded alone (transformers' ``UniversalSpeculativeDecodingGenerator``).
+        """
+        if self.context == "text":
+            ids = self.draft_tokenizer.encode(self.target_tokenizer.decode(committed))
+        else:
+            ids = list(self.draft_tokenizer.encode(self.target_tokenizer.decode(self.prompt)))
+            for t in committed[len(self.prompt):]:
+                ids += [self.to_draft[t]] if t in self.to_draft else self.draft_tokenizer.encode(
+                    self.target_tokenizer.decode([t]))
+        return check_tokens("draft_tokenizer.encode(text)", ids, self.draft_rows.vocab)
+
+
+DRAFT_CONTEXTS = ("text", "mapped")
+"""How a draft of another vocabulary reads the committed target tokens (:meth:`_Setting.draft_context`)."""
 
 
 def _setting(target, draft, target_tokenizer, draft_tokenizer, prompt, k, config, max_new_tokens, stop_tokens,
@@ -299,16 +316,21 @@ def _tli_block(s: _Setting, inter: Intersection, committed: list, rng, restrict,
 
 
 def tli_transition(target, draft, target_tokenizer, draft_tokenizer, prompt, *, k, config, max_new_tokens,
-                   stop_tokens=(), memo=True, restrict=None, step=None):
+                   stop_tokens=(), memo=True, restrict=None, step=None, draft_context: str = "text"):
     """TLI as ``iteration(generated, rng) -> (block, next_state)``.
 
     ``restrict(q [V_draft], intersection) -> (sample row [V_draft], verify row [V_target]) | None``
     replaces the proposal (the reference: :func:`restrict_to_intersection`); ``step(p_target,
     q_draft, draft_tokens, rng)`` the verification (the reference: ``speculative_step``).
+    ``draft_context``: how the draft reads the committed tokens, one of :data:`DRAFT_CONTEXTS`
+    (``"text"``: re-tokenized text; ``"mapped"``: token by token, as transformers does); both lossless.
     """
+    if draft_context not in DRAFT_CONTEXTS:
+        raise SpecrefError(f"draft_context must be one of {DRAFT_CONTEXTS}, got {draft_context!r}")
     s = _setting(target, draft, target_tokenizer, draft_tokenizer, prompt, k, config, max_new_tokens,
                  stop_tokens, memo)
     inter = intersection(target_tokenizer, draft_tokenizer)
+    s.context, s.to_draft = draft_context, {int(t): int(d) for d, t in zip(inter.draft_ids, inter.target_ids)}
     restrict, step = restrict or restrict_to_intersection, step or _reference_step
     return _iteration(s, lambda committed, rng, stats: _tli_block(s, inter, committed, rng, restrict, step, stats))
 

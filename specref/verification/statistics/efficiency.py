@@ -27,7 +27,7 @@ from specref.decoding.prompt_lookup import lookup_transition
 from specref.verification.laws.enumeration import law, law_iterated
 from specref.verification.cases.rules import ruled
 
-__all__ = ["reference_iterations", "lookup_iterations", "Efficiency", "efficiency", "MEAN_TOL"]
+__all__ = ["reference_iterations", "iterations_law", "lookup_iterations", "Efficiency", "efficiency", "MEAN_TOL"]
 
 _MARK = -1  # ends each iteration's block in the memoised enumeration: never a token
 
@@ -47,24 +47,29 @@ def reference_iterations(case, *, rules=None, draft_rules=None, memoise: bool = 
     t, config = ruled(target, case.config, rules)
     d, _ = ruled(draft, case.config, draft_rules if draft_rules is not None else rules)
     settings = dict(k=case.k, config=config, max_new_tokens=case.max_new_tokens, stop_tokens=case.stop_tokens)
-    dist: dict = {}
     if memoise:
-        step = speculative_transition(t, d, list(case.prompt), **settings)
-
-        def marked(state, rng):  # one target call: its block, then a marker
-            block, nxt = step(state, rng)
-            return tuple(block) + (_MARK,), nxt
-
-        return _counted(law_iterated((), marked))
+        return iterations_law(speculative_transition(t, d, list(case.prompt), **settings))
+    dist: dict = {}
     for out, w in law(lambda rng: speculative_decode(t, d, list(case.prompt), rng=rng, **settings).iterations).items():
         n = out[0] if isinstance(out, tuple) else out
         dist[n] = dist.get(n, 0) + w
     return dist
 
 
-def _counted(law_of_marked_outputs) -> dict:
+def iterations_law(iteration, *, memoise: bool = True) -> dict:
+    """The exact law of the number of iterations (target calls) of a decoder written as iterations.
+
+    ``iteration(state, rng) -> (block, next state)`` from the empty state ``()``, one target call
+    each (:func:`specref.decoding.cross_vocab.tli_transition`,
+    :func:`specref.decoding.prompt_lookup.lookup_transition`, ...); each block is marked and the
+    marks counted.  ``memoise=False`` enumerates whole runs (the independent route).
+    """
+    def marked(state, rng):
+        block, nxt = iteration(state, rng)
+        return tuple(block) + (_MARK,), nxt
+
     dist: dict = {}
-    for out, w in law_of_marked_outputs.items():
+    for out, w in law_iterated((), marked, memoise=memoise).items():
         n = sum(1 for x in out if x == _MARK)
         dist[n] = dist.get(n, 0) + w
     return dist
@@ -84,12 +89,7 @@ def lookup_iterations(case, *, num_tokens: int | None = None, max_ngram: int = 2
     step = lookup_transition(t, list(case.prompt), num_tokens=case.k if num_tokens is None else num_tokens,
                              max_new_tokens=case.max_new_tokens, config=config, stop_tokens=case.stop_tokens,
                              max_ngram=max_ngram)
-
-    def marked(state, rng):
-        block, nxt = step(state, rng)
-        return tuple(block) + (_MARK,), nxt
-
-    return _counted(law_iterated((), marked, memoise=memoise))
+    return iterations_law(step, memoise=memoise)
 
 
 def _mean(dist):
@@ -138,7 +138,7 @@ def efficiency(measured, case, *, rules=None, level: float = 0.99, reference: di
     """Compare ``measured`` (target calls per decode, one int per decode) with the reference on ``case``.
 
     ``reference``: the reference's law of calls, ``{calls: probability}``, where the decoder's
-    reference is not the chain's (:func:`lookup_iterations`); default
+    reference is not the chain's (:func:`lookup_iterations`, :func:`iterations_law`); default
     :func:`reference_iterations` of ``case`` under ``rules``.
 
     The interval is ``mean +- z s / sqrt(n)`` with ``s = max(sample std, the reference's exact std)``:
