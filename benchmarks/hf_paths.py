@@ -8,7 +8,7 @@ run detects with power 0.9), target calls per decode and the efficiency verdict 
 has a reference call count, seconds, and the peak RSS of this process and of the largest shard
 worker after the row; the ensemble rows add the exact TV of
 :func:`~specref.adapters.hf_paths.ensemble_law`.  Each row states the planned N (TV >= 0.01 at
-alpha = 1e-6, power 0.9); ``--planned`` runs every sampling path at it.  One torch thread per
+alpha = 1e-6, power 0.9); ``--planned`` runs every sampling path at it, at alpha = 1e-6.  One torch thread per
 process.
 
 ``--workers W`` (W > 1) runs each verdict's shards on a ``ProcessPoolExecutor`` of W processes
@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # specref from this checkout
 
 PLANNED_TV, PLANNED_ALPHA = 0.01, 1e-6
-ALPHA = 1e-3  # the run's level, as in tests/test_hf_paths.py
+ALPHA = 1e-3  # the level of a run at a stated N, as in tests/test_hf_paths.py; --planned runs at PLANNED_ALPHA
 GREEDY_N = 20  # a greedy law is a point mass: one wrong output fails it
 
 EFFICIENCY_SAMPLES = 20_000  # decodes of the separate efficiency run (--workers > 1)
@@ -133,27 +133,6 @@ def _planned(case):
 REFERENCES = ("reference", "lookup", "tli", "slem")  # the efficiency kinds that have an exact law of calls
 
 
-def _reference_law(eff_kind, case, impl):
-    """The reference's exact law of target calls on ``case`` for a path of kind ``eff_kind``."""
-    from specref.adapters.hf_generate import hf_rules
-    from specref.decoding.cross_vocab import slem_transition, tli_transition
-    from specref.verification.cases.rules import ruled
-    from specref.verification.statistics.efficiency import iterations_law, lookup_iterations, reference_iterations
-
-    if eff_kind == "lookup":
-        return lookup_iterations(case, rules=hf_rules)
-    if eff_kind == "reference":
-        return reference_iterations(case, rules=hf_rules)
-    (t, config), (d, _) = ruled(case.models()[0], case.config, hf_rules), ruled(impl.draft, case.config, hf_rules)
-    if eff_kind == "tli":  # the draft reads the committed tokens one by one, as transformers' generator does
-        iteration = tli_transition(t, d, impl.target_tokenizer, impl.draft_tokenizer, list(case.prompt), k=case.k,
-                                   config=config, max_new_tokens=case.max_new_tokens, draft_context="mapped")
-    else:
-        iteration = slem_transition(t, d, impl.target_tokenizer, impl.draft_tokenizer, list(case.prompt), k=case.k,
-                                    config=config, max_new_tokens=case.max_new_tokens)
-    return iterations_law(iteration)
-
-
 def _efficiency_calls(impl, case, decodes, seed=20261202):
     """Target calls of ``decodes`` seeded decodes in this process (seeds from ``SeedSequence(seed)``)."""
     import numpy as np
@@ -183,8 +162,8 @@ def run_path(path, generator, settings, make, eff_kind, samples, *, planned=Fals
     planned_n = GREEDY_N if case.config.greedy else _planned(case)
     n = GREEDY_N if case.config.greedy else planned_n if planned else samples
     t0 = time.perf_counter()
-    r = check_decoder(impl, cases=[case], mode="statistical", samples=n, alpha=ALPHA, progress=False,
-                      executor=executor).results[0]
+    r = check_decoder(impl, cases=[case], mode="statistical", samples=n, alpha=PLANNED_ALPHA if planned else ALPHA,
+                      progress=False, executor=executor).results[0]
     seconds = time.perf_counter() - t0
     row = {"path": path, "generator": generator, "settings": settings, "case": case.name, "status": r.status,
            "n": r.n_samples, "p_value": r.p_value, "tv": r.tv, "tv_interval": list(r.tv_interval),
@@ -197,7 +176,7 @@ def run_path(path, generator, settings, make, eff_kind, samples, *, planned=Fals
             t1 = time.perf_counter()
             calls = _efficiency_calls(impl, case, GREEDY_N if case.config.greedy else efficiency_samples)
             source = f"{len(calls):,} decodes of their own, {time.perf_counter() - t1:.0f} s"
-        e = efficiency(calls, case, rules=hf_rules, reference=_reference_law(eff_kind, case, impl))
+        e = efficiency(calls, case, rules=hf_rules, reference=impl.reference_calls(case))
         row["efficiency"] = {"measured": e.mean, "interval_99": list(e.interval), "reference": e.reference,
                              "verdict": e.verdict, "decodes": e.n, "from": source}
     else:
@@ -301,7 +280,7 @@ def main(argv=None) -> int:
     record = {"versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                            "python": platform.python_version(), "machine": platform.machine()},
               "settings": {"samples": "planned" if args.planned else args.samples, "greedy_samples": GREEDY_N,
-                           "alpha": ALPHA, "torch_threads": 1, "workers": args.workers,
+                           "alpha": PLANNED_ALPHA if args.planned else ALPHA, "torch_threads": 1, "workers": args.workers,
                            "efficiency_samples": args.efficiency_samples if args.workers > 1 else None,
                            "planned_tv": PLANNED_TV, "planned_alpha": PLANNED_ALPHA, "planned_power": 0.9},
               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",

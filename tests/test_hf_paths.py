@@ -115,7 +115,7 @@ def test_prompt_lookup_sampling_preserves_the_target_law():
     # its calls against prompt lookup decoding's exact law (mean 1.858); drafting one token a round
     # would need 2.040, which its 300 decodes tell apart (99% half-width about 0.07)
     case = CASES["lookup-temperature"]
-    e = efficiency(impl.target_calls, case, rules=hf_rules, reference=lookup_iterations(case, rules=hf_rules))
+    e = efficiency(impl.target_calls, case, rules=hf_rules, reference=impl.reference_calls(case))
     assert e.verdict == "as efficient as the reference", e
     one = lookup_iterations(case, rules=hf_rules, num_tokens=1)
     assert efficiency(impl.target_calls, case, rules=hf_rules, reference=one).verdict == \
@@ -195,6 +195,9 @@ def test_universal_sampling_as_shipped_loses_the_target_law_and_the_repair_resto
     repaired = HFUniversal(draft, CHARS, PIECES, repaired=True)
     report, result = check(repaired, case, 400)
     assert report.ok and result.detectable_tv < 0.15, report
+    # its calls against TLI's exact law with the same draft, reading the committed tokens one by one
+    e = efficiency(repaired.target_calls, case, rules=hf_rules, reference=repaired.reference_calls(case))
+    assert e.verdict == "as efficient as the reference" and e.interval[1] - e.interval[0] < 0.15, e
 
 
 def test_universal_with_the_draft_vocabulary_inside_the_targets_raises_in_hf():
@@ -323,3 +326,5 @@ def test_architecture_refusals_are_named_errors_not_tracebacks(arch):
         model_table(arch[HFDFlash].target_model(), (1, 1), 3, 3)
     with pytest.raises(SpecrefError, match="vocab_size must be an int >= 2, got 1"):
         HFGemma4(vocab_size=1)
+    with pytest.raises(SpecrefError, match="HFMTP has no reference call count"):
+        arch[HFMTP].reference_calls(arch[HFMTP].case("mtp"))

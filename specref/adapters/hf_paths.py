@@ -318,6 +318,14 @@ class HFPath:
         """``(hf target, generate kwargs, count(hf target) -> target calls)`` for one case and its settings."""
         raise NotImplementedError
 
+    def reference_calls(self, case) -> dict:
+        """The exact law of the target calls of this path's reference on ``case``, ``{calls: probability}``,
+        for :func:`~specref.verification.statistics.efficiency.efficiency`'s ``reference=``: here
+        Algorithm 1 with the case's draft, K every round, under HF's rules."""
+        from specref.verification.statistics.efficiency import reference_iterations
+
+        return reference_iterations(case, rules=hf_rules)
+
     def _generate(self, target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng):
         import torch
 
@@ -374,6 +382,13 @@ class HFPromptLookup(HFPath):
         kwargs = dict(prompt_lookup_num_tokens=self.num_tokens or settings["k"],
                       max_matching_ngram_size=self.max_matching_ngram_size)
         return hf_model(target, **settings), kwargs, _calls
+
+    def reference_calls(self, case):
+        """Prompt lookup decoding's law of calls (:func:`~specref.verification.statistics.efficiency.lookup_iterations`)."""
+        from specref.verification.statistics.efficiency import lookup_iterations
+
+        return lookup_iterations(case, num_tokens=self.num_tokens or case.k, max_ngram=self.max_matching_ngram_size,
+                                 rules=hf_rules)
 
     def __repr__(self):
         return f"HFPromptLookup(num_tokens={self.num_tokens}, max_matching_ngram_size={self.max_matching_ngram_size})"
@@ -454,6 +469,21 @@ class HFUniversal(HFPath):
         kwargs = dict(assistant_model=assistant, tokenizer=hf_tokenizer(self.target_tokenizer),
                       assistant_tokenizer=hf_tokenizer(self.draft_tokenizer))
         return hf_model(target, **settings), kwargs, _calls
+
+    def reference_calls(self, case):
+        """The law of calls of Timor et al.'s algorithm with this draft and these tokenizers, under HF's
+        rules: TLI with the draft reading the committed tokens one by one (``draft_context="mapped"``,
+        as ``UniversalSpeculativeDecodingGenerator`` does) when sampling, SLEM when greedy."""
+        from specref.decoding.cross_vocab import slem_transition, tli_transition
+        from specref.verification.cases.rules import ruled
+        from specref.verification.statistics.efficiency import iterations_law
+
+        (t, config), (d, _) = ruled(case.models()[0], case.config, hf_rules), ruled(self.draft, case.config, hf_rules)
+        settings = dict(k=case.k, config=config, max_new_tokens=case.max_new_tokens, stop_tokens=case.stop_tokens)
+        args = (t, d, self.target_tokenizer, self.draft_tokenizer, list(case.prompt))
+        if case.config.greedy:
+            return iterations_law(slem_transition(*args, **settings))
+        return iterations_law(tli_transition(*args, **settings, draft_context="mapped"))
 
     def __repr__(self):
         return (f"HFUniversal({self.target_tokenizer!r} <- {self.draft_tokenizer!r}"
@@ -632,6 +662,10 @@ class HFArchitecturePath(HFPath):
     def build_target(self):
         """The random-weight target (torch already seeded)."""
         raise NotImplementedError
+
+    def reference_calls(self, case):
+        raise SpecrefError(f"{type(self).__name__} has no reference call count: its first call drafts nothing "
+                           f"and its drafts come from the target's hidden states")
 
     def build_assistant(self, settings):
         """The assistant for one case's settings, or None (torch already seeded)."""
