@@ -44,6 +44,7 @@ ALPHA = 1e-3  # the level of a run at a stated N, as in tests/test_hf_paths.py; 
 GREEDY_N = 20  # a greedy law is a point mass: one wrong output fails it
 
 EFFICIENCY_SAMPLES = 20_000  # decodes of the separate efficiency run (--workers > 1)
+EFFICIENCY_LEVEL = 0.99  # the efficiency interval's confidence at a stated N; --planned: 1 - PLANNED_ALPHA
 
 NO_REFERENCE = {
     "architecture": "none: the first call drafts nothing and the drafts come from the target's hidden states",
@@ -146,6 +147,23 @@ def _efficiency_calls(impl, case, decodes, seed=20261202):
     return list(impl.target_calls)
 
 
+def _efficiency(impl, case, calls, decodes, level):
+    """``(the row's efficiency part, the calls it used)``: ``calls`` (the verdict's decodes, when they ran
+    here), else a run of ``decodes`` of their own (``GREEDY_N`` for a greedy case) in this process."""
+    from specref.adapters.hf_generate import hf_rules
+    from specref.verification.statistics.efficiency import efficiency
+
+    source = "the verdict's decodes"
+    if len(calls) < 2:  # the decodes ran in the executor's workers: a run of their own, here
+        t1 = time.perf_counter()
+        calls = _efficiency_calls(impl, case, GREEDY_N if case.config.greedy else decodes)
+        source = f"{len(calls):,} decodes of their own, {time.perf_counter() - t1:.0f} s"
+    e = efficiency(calls, case, rules=hf_rules, reference=impl.reference_calls(case), level=level)
+    histogram = {str(c): calls.count(c) for c in sorted(set(calls))}
+    return {"measured": e.mean, "interval": list(e.interval), "level": level, "reference": e.reference,
+            "verdict": e.verdict, "decodes": e.n, "from": source, "calls": histogram}, calls
+
+
 def _peak_mb(who):
     return resource.getrusage(who).ru_maxrss / 1024
 
@@ -171,14 +189,8 @@ def run_path(path, generator, settings, make, eff_kind, samples, *, planned=Fals
            "workers": getattr(executor, "_max_workers", 1)}
     calls = list(impl.target_calls)
     if eff_kind in REFERENCES:
-        source = "the verdict's decodes"
-        if len(calls) < 2:  # the decodes ran in the executor's workers: a run of their own, here
-            t1 = time.perf_counter()
-            calls = _efficiency_calls(impl, case, GREEDY_N if case.config.greedy else efficiency_samples)
-            source = f"{len(calls):,} decodes of their own, {time.perf_counter() - t1:.0f} s"
-        e = efficiency(calls, case, rules=hf_rules, reference=impl.reference_calls(case))
-        row["efficiency"] = {"measured": e.mean, "interval_99": list(e.interval), "reference": e.reference,
-                             "verdict": e.verdict, "decodes": e.n, "from": source}
+        row["efficiency"], calls = _efficiency(impl, case, calls, efficiency_samples,
+                                               1 - PLANNED_ALPHA if planned else EFFICIENCY_LEVEL)
     else:
         row["efficiency"] = {"verdict": eff_kind}
     row["calls_per_decode"] = sum(calls) / len(calls) if calls else None
@@ -196,7 +208,7 @@ def _efficiency_cell(row, short=False):
     e = row["efficiency"]
     if "measured" not in e:
         return e["verdict"].split(":")[0] if short else e["verdict"]
-    lo, hi = e["interval_99"]
+    lo, hi = e["interval"]
     return f"{e['measured']:.3f} [{lo:.3f}, {hi:.3f}] vs {e['reference']:.3f}: {e['verdict']}"
 
 
@@ -250,6 +262,8 @@ def main(argv=None) -> int:
                     help="decodes of the in-process efficiency run when --workers > 1")
     ap.add_argument("--paths", nargs="*", default=None, help="path names (default: all)")
     ap.add_argument("--out", default="hf_paths.json")
+    ap.add_argument("--efficiency-only", action="store_true",
+                    help="with --into: redo only the efficiency verdicts of --out's rows (the same seeded decodes)")
     ap.add_argument("--into", action="store_true",
                     help="keep --out's other rows: the paths run here replace theirs (same versions and settings)")
     ap.add_argument("--table", metavar="JSON", help="print the results page's table of a record and stop")
@@ -292,7 +306,8 @@ def main(argv=None) -> int:
         for key in ("versions", "settings"):
             if earlier[key] != record[key]:
                 ap.error(f"--into: {args.out}'s {key} differ from this run's: {earlier[key]!r} vs {record[key]!r}")
-        record["paths"] = [row for row in earlier["paths"] if not args.paths or row["path"] not in args.paths]
+        redo = args.paths if args.paths and not args.efficiency_only else ()
+        record["paths"] = [row for row in earlier["paths"] if row["path"] not in redo]
         record["command"] = earlier["command"] + " ; " + record["command"]
     executor = None
     if args.workers > 1:
@@ -301,6 +316,21 @@ def main(argv=None) -> int:
 
         executor = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("forkserver"),
                                        initializer=_worker_setup)
+    if args.efficiency_only:
+        if not args.into or not os.path.exists(args.out):
+            ap.error(f"--efficiency-only needs --into and an existing --out, got {args.out!r}")
+        for spec in paths():
+            if (args.paths and spec[0] not in args.paths) or spec[4] not in REFERENCES:
+                continue
+            row = next(r for r in record["paths"] if r["path"] == spec[0])
+            impl, case = spec[3]()
+            row["efficiency"], calls = _efficiency(impl, case, [], args.efficiency_samples,
+                                                   1 - PLANNED_ALPHA if args.planned else EFFICIENCY_LEVEL)
+            row["calls_per_decode"] = sum(calls) / len(calls)
+            print(f"{row['path']:<42} {_efficiency_cell(row)}", flush=True)
+            with open(args.out, "w") as f:
+                json.dump(record, f, indent=1, default=str)
+        return 0
     for spec in paths():
         if args.paths and spec[0] not in args.paths:
             continue
