@@ -44,6 +44,7 @@ ALPHA = 1e-3  # the level of a run at a stated N, as in tests/test_hf_paths.py; 
 GREEDY_N = 20  # a greedy law is a point mass: one wrong output fails it
 
 EFFICIENCY_SAMPLES = 20_000  # decodes of the separate efficiency run (--workers > 1)
+EFFICIENCY_SEED = 20261202  # SeedSequence entropy of the efficiency run's decodes
 EFFICIENCY_LEVEL = 0.99  # the efficiency interval's confidence at a stated N; --planned: 1 - PLANNED_ALPHA
 
 NO_REFERENCE = {
@@ -134,7 +135,7 @@ def _planned(case):
 REFERENCES = ("reference", "lookup", "tli", "slem")  # the efficiency kinds that have an exact law of calls
 
 
-def _efficiency_calls(impl, case, decodes, seed=20261202):
+def _efficiency_calls(impl, case, decodes, seed=EFFICIENCY_SEED):
     """Target calls of ``decodes`` seeded decodes in this process (seeds from ``SeedSequence(seed)``)."""
     import numpy as np
 
@@ -147,7 +148,7 @@ def _efficiency_calls(impl, case, decodes, seed=20261202):
     return list(impl.target_calls)
 
 
-def _efficiency(impl, case, calls, decodes, level):
+def _efficiency(impl, case, calls, decodes, level, seed=EFFICIENCY_SEED):
     """``(the row's efficiency part, the calls it used)``: ``calls`` (the verdict's decodes, when they ran
     here), else a run of ``decodes`` of their own (``GREEDY_N`` for a greedy case) in this process."""
     from specref.adapters.hf_generate import hf_rules
@@ -156,8 +157,8 @@ def _efficiency(impl, case, calls, decodes, level):
     source = "the verdict's decodes"
     if len(calls) < 2:  # the decodes ran in the executor's workers: a run of their own, here
         t1 = time.perf_counter()
-        calls = _efficiency_calls(impl, case, GREEDY_N if case.config.greedy else decodes)
-        source = f"{len(calls):,} decodes of their own, {time.perf_counter() - t1:.0f} s"
+        calls = _efficiency_calls(impl, case, GREEDY_N if case.config.greedy else decodes, seed)
+        source = f"{len(calls):,} decodes of their own (seed {seed}), {time.perf_counter() - t1:.0f} s"
     e = efficiency(calls, case, rules=hf_rules, reference=impl.reference_calls(case), level=level)
     histogram = {str(c): calls.count(c) for c in sorted(set(calls))}
     return {"measured": e.mean, "interval": list(e.interval), "level": level, "reference": e.reference,
@@ -169,7 +170,7 @@ def _peak_mb(who):
 
 
 def run_path(path, generator, settings, make, eff_kind, samples, *, planned=False, executor=None,
-             efficiency_samples=EFFICIENCY_SAMPLES):
+             efficiency_samples=EFFICIENCY_SAMPLES, efficiency_seed=EFFICIENCY_SEED):
     """One row of the record: N is ``samples``, or the planned N with ``planned`` (greedy paths: ``GREEDY_N``)."""
     from specref.adapters.hf_generate import hf_rules
     from specref.adapters.hf_paths import ensemble_law
@@ -190,7 +191,7 @@ def run_path(path, generator, settings, make, eff_kind, samples, *, planned=Fals
     calls = list(impl.target_calls)
     if eff_kind in REFERENCES:
         row["efficiency"], calls = _efficiency(impl, case, calls, efficiency_samples,
-                                               1 - PLANNED_ALPHA if planned else EFFICIENCY_LEVEL)
+                                               1 - PLANNED_ALPHA if planned else EFFICIENCY_LEVEL, efficiency_seed)
     else:
         row["efficiency"] = {"verdict": eff_kind}
     row["calls_per_decode"] = sum(calls) / len(calls) if calls else None
@@ -262,6 +263,8 @@ def main(argv=None) -> int:
                     help="decodes of the in-process efficiency run when --workers > 1")
     ap.add_argument("--paths", nargs="*", default=None, help="path names (default: all)")
     ap.add_argument("--out", default="hf_paths.json")
+    ap.add_argument("--efficiency-seed", type=int, default=EFFICIENCY_SEED,
+                    help="SeedSequence entropy of the efficiency run's decodes")
     ap.add_argument("--efficiency-only", action="store_true",
                     help="with --into: redo only the efficiency verdicts of --out's rows (the same seeded decodes)")
     ap.add_argument("--into", action="store_true",
@@ -303,7 +306,7 @@ def main(argv=None) -> int:
     if args.into and os.path.exists(args.out):
         with open(args.out) as f:
             earlier = json.load(f)
-        for key in ("versions", "settings"):
+        for key in ("versions",) if args.efficiency_only else ("versions", "settings"):
             if earlier[key] != record[key]:
                 ap.error(f"--into: {args.out}'s {key} differ from this run's: {earlier[key]!r} vs {record[key]!r}")
         redo = args.paths if args.paths and not args.efficiency_only else ()
@@ -325,7 +328,8 @@ def main(argv=None) -> int:
             row = next(r for r in record["paths"] if r["path"] == spec[0])
             impl, case = spec[3]()
             row["efficiency"], calls = _efficiency(impl, case, [], args.efficiency_samples,
-                                                   1 - PLANNED_ALPHA if args.planned else EFFICIENCY_LEVEL)
+                                                   1 - PLANNED_ALPHA if args.planned else EFFICIENCY_LEVEL,
+                                                   args.efficiency_seed)
             row["calls_per_decode"] = sum(calls) / len(calls)
             print(f"{row['path']:<42} {_efficiency_cell(row)}", flush=True)
             with open(args.out, "w") as f:
@@ -335,7 +339,7 @@ def main(argv=None) -> int:
         if args.paths and spec[0] not in args.paths:
             continue
         row = run_path(*spec, args.samples, planned=args.planned, executor=executor,
-                       efficiency_samples=args.efficiency_samples)
+                       efficiency_samples=args.efficiency_samples, efficiency_seed=args.efficiency_seed)
         print(f"{row['path']:<42} {row['status']:<8} N={row['n']} p={row['p_value']:.3g} "
               f"TV={row['tv']:.3f} {row['seconds']:.1f} s", flush=True)
         record["paths"].append(row)
