@@ -331,6 +331,10 @@ def main(argv=None) -> int:
                                                    1 - PLANNED_ALPHA if args.planned else EFFICIENCY_LEVEL,
                                                    args.efficiency_seed)
             row["calls_per_decode"] = sum(calls) / len(calls)
+            if hasattr(impl, "weight"):
+                from specref.adapters.hf_paths import ensemble_law
+
+                row["exact_tv"] = ensemble_law(case, impl.weight)[2]
             print(f"{row['path']:<42} {_efficiency_cell(row)}", flush=True)
             with open(args.out, "w") as f:
                 json.dump(record, f, indent=1, default=str)

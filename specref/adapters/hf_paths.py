@@ -892,22 +892,42 @@ def ensemble_step(weight: float):
     return step
 
 
-def ensemble_law(case, weight: float):
-    """The exact law (float) of specref's loop with :func:`ensemble_step` on ``case``, under HF's rules,
-    and the target law; ``(law, target law, TV)``.  Meant for temperature-1 cases without top-k/p:
-    there transformers 5.24's assistant, which applies each warper twice, samples what ``hf_rules`` gives."""
-    from specref.decoding.chain import speculative_transition
+def ensemble_law(case, weight: float, *, capped: bool = True):
+    """The exact law (float) of HF's ensemble rule on ``case``, under HF's rules, and the target law;
+    ``(law, target law, TV)``.
+
+    Each iteration drafts ``min(K, max_new_tokens - generated - 1)`` tokens, as transformers'
+    assistant does, and applies :func:`ensemble_step`; with no token to draft, the one new token is
+    drawn from ``p``.  For a lossless rule the cap changes nothing (the tokens not drafted would
+    have been cut), but the ensemble rule bends every drafted position, so the cap changes its law:
+    ``capped=False`` drafts K every round and keeps the first tokens (specref's loop,
+    :func:`~specref.decoding.chain.speculative_transition`), a different and farther law.  Meant for
+    temperature-1 cases without top-k/p: there transformers 5.24's assistant, which applies each
+    warper twice, samples what ``hf_rules`` gives.
+    """
+    from specref.core.draws import draw
+    from specref.decoding.chain import next_token_probs, speculative_transition
     from specref.verification.cases.rules import ruled
     from specref.verification.laws.enumeration import compare, law_iterated, target_law
 
     case = case.as_float()
     target, draft = case.models()
     (t, config), (d, _) = ruled(target, case.config, hf_rules), ruled(draft, case.config, hf_rules)
-    iteration = speculative_transition(t, d, list(case.prompt), k=case.k, config=config,
-                                       max_new_tokens=case.max_new_tokens, stop_tokens=case.stop_tokens,
-                                       step=ensemble_step(weight))
+    prompt, K, N, stops = list(case.prompt), case.k, case.max_new_tokens, frozenset(case.stop_tokens)
+    steps = {k: speculative_transition(t, d, prompt, k=k, config=config, max_new_tokens=N,
+                                       stop_tokens=case.stop_tokens, step=ensemble_step(weight))
+             for k in range(1, K + 1)}
+
+    def iteration(generated, rng):
+        k = K if not capped else min(K, N - len(generated) - 1)
+        if k >= 1:
+            return steps[k](generated, rng)
+        x = draw(rng, next_token_probs(t, prompt + list(generated), config, name="target"))
+        state = generated + (x,)
+        return (x,), None if len(state) >= N or x in stops else state
+
     got = law_iterated((), iteration)
-    truth = target_law(t, list(case.prompt), config, case.max_new_tokens, case.stop_tokens)
+    truth = target_law(t, prompt, config, N, case.stop_tokens)
     return got, truth, float(compare(got, truth).tv)
 
 
