@@ -213,6 +213,10 @@ def _efficiency_cell(row, short=False):
     return f"{e['measured']:.3f} [{lo:.3f}, {hi:.3f}] vs {e['reference']:.3f}: {e['verdict']}"
 
 
+def _p(p):
+    return "< 1e-300" if p == 0 else f"{p:.2g}"  # a G-test p below the smallest float prints as 0
+
+
 def _tv_cell(row):
     lo, hi = row["tv_interval"]
     tv = f"{row['tv']:.3f} [{lo:.3f}, {hi:.3f}]"
@@ -229,7 +233,7 @@ def table(record: dict) -> str:
         worker = row.get("peak_worker_rss_mb")
         rss = f"{row['peak_rss_mb']:.0f}" + ("" if worker is None else f" / {worker:.0f}")
         lines.append(f"| {row['path']} | `{row['generator']}` | {row['settings']} | {row['n']:,} | {row['status']} "
-                     f"| {row['p_value']:.2g} | {_tv_cell(row)} | {calls}{_efficiency_cell(row)} "
+                     f"| {_p(row['p_value'])} | {_tv_cell(row)} | {calls}{_efficiency_cell(row)} "
                      f"| {row['seconds']:.0f} | {rss} |")
     return "\n".join(lines)
 
@@ -240,7 +244,7 @@ def readme_table(record: dict) -> str:
              "|---|---|---|---:|---|---|---|---:|"]
     for row in record["paths"]:
         lines.append(f"| {row['path']} | `{row['generator']}` | {row['settings']} | {row['n']:,} "
-                     f"| {row['status']}, {row['p_value']:.2g} | {_tv_cell(row)} | {_efficiency_cell(row, True)} "
+                     f"| {row['status']}, {_p(row['p_value'])} | {_tv_cell(row)} | {_efficiency_cell(row, True)} "
                      f"| {row['seconds']:.0f} |")
     return "\n".join(lines)
 
