@@ -48,7 +48,8 @@ EFFICIENCY_SEED = 20261202  # SeedSequence entropy of the efficiency run's decod
 EFFICIENCY_LEVEL = 0.99  # the efficiency interval's confidence at a stated N; --planned: 1 - PLANNED_ALPHA
 
 NO_REFERENCE = {
-    "architecture": "none: the first call drafts nothing and the drafts come from the target's hidden states",
+    "architecture, greedy": "none: greedy rounds do not pass the draft rows to _speculative_sampling, where "
+                            "the observed reference reads them",
 }
 
 
@@ -74,7 +75,9 @@ def paths():
     one of :data:`REFERENCES` -- ``"reference"`` (the chain reference's exact law of calls), ``"lookup"``
     (prompt lookup decoding's, :func:`~specref.verification.statistics.efficiency.lookup_iterations`),
     ``"tli"`` or ``"slem"`` (Timor et al.'s algorithms with the path's draft and tokenizers, TLI's draft
-    reading the committed tokens one by one as transformers does) -- or the reason there is none."""
+    reading the committed tokens one by one as transformers does), ``"observed"`` (Algorithm 1 with
+    the path's own draft rows as observed, :meth:`~specref.adapters.hf_paths.HFArchitecturePath.reference_calls`)
+    -- or the reason there is none."""
     from specref.adapters import hf_paths as P
     from specref.core.sampling import SamplingConfig
 
@@ -112,7 +115,7 @@ def paths():
         for name, c in ((f"{cls.__name__[2:]}, sampling", config), (f"{cls.__name__[2:]}, greedy", greedy)):
             label = "greedy" if c.greedy else ("top-k 2" if c.top_k else "T 1")
             rows.append((name, generator, f"{what}, {label}, K {k}", lambda cls=cls, c=c, k=k: arch(cls, c, k),
-                         NO_REFERENCE["architecture"]))
+                         NO_REFERENCE["architecture, greedy"] if c.greedy else "observed"))
     return rows
 
 
@@ -132,7 +135,7 @@ def _planned(case):
     return int(samples_needed(PLANNED_TV, PLANNED_ALPHA, 0.9, len(null), null=null))
 
 
-REFERENCES = ("reference", "lookup", "tli", "slem")  # the efficiency kinds that have an exact law of calls
+REFERENCES = ("reference", "lookup", "tli", "slem", "observed")  # the efficiency kinds with an exact law of calls
 
 
 def _efficiency_calls(impl, case, decodes, seed=EFFICIENCY_SEED):

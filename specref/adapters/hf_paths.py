@@ -78,7 +78,7 @@ __all__ = ["HFPath", "HFPromptLookup", "HFEarlyExit", "HFUniversal", "HFEnsemble
            "HFDFlash", "HFGemma4", "model_table", "prefix_logits", "early_exit_model",
            "embedded_model", "hf_tokenizer", "target_logit_columns", "repaired_translator", "seeded_vocab_order",
            "ensemble_step",
-           "ensemble_law", "path_cases", "NEG_LOGIT"]
+           "ensemble_law", "path_cases", "observed_drafts", "NEG_LOGIT", "DRAFT_ROW_TOL"]
 
 NEG_LOGIT = -1e4  # a -inf logit as the embedded model's hidden state: exp underflows to 0 in float32
 
@@ -572,6 +572,49 @@ def repaired_translator():
 # ---------------------------------------------------------------- real architectures, random weights
 
 
+DRAFT_ROW_TOL = 1e-4  # one state's draft rows, observed in two rounds, agree within this (float32 softmax)
+
+
+def observed_drafts(impl, case, *, decodes: int = 200, seed: int = 0) -> dict:
+    """The draft rows a path hands ``_speculative_sampling``, by state: ``{(generated, drafted so far): q [V]}``.
+
+    ``decodes`` decodes of ``impl`` on ``case`` (torch seeded ``seed, seed + 1, ...``) with
+    transformers' ``generation.utils._speculative_sampling`` wrapped to record, for every drafted
+    position, the tokens generated before the round, the tokens drafted before the position, and
+    ``softmax(candidate_logits)`` there -- the row the generator drafted from and verifies with.
+    Restored on exit.  The same state seen twice with rows further apart than
+    :data:`DRAFT_ROW_TOL` is a ``SpecrefError``: the drafts then depend on more than the state.
+    """
+    import transformers.generation.utils as generation
+
+    if isinstance(decodes, bool) or not isinstance(decodes, int) or decodes < 1:
+        raise SpecrefError(f"decodes must be an int >= 1, got {decodes!r}")
+    rows, start = {}, len(case.prompt)
+    original = generation._speculative_sampling
+
+    def spy(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):
+        ids = candidate_input_ids[0].tolist()
+        generated, drafted = tuple(ids[start: len(ids) - candidate_length]), ids[len(ids) - candidate_length:]
+        q = candidate_logits[0].double().softmax(-1).numpy()
+        for j in range(candidate_length):
+            key = (generated, tuple(drafted[:j]))
+            if key in rows and not np.allclose(rows[key], q[j], atol=DRAFT_ROW_TOL):
+                raise SpecrefError(f"{type(impl).__name__}: two rounds from state {key} drafted from rows "
+                                   f"{rows[key].round(5).tolist()} and {q[j].round(5).tolist()}")
+            rows.setdefault(key, q[j])
+        return original(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs)
+
+    target, draft = case.models()
+    generation._speculative_sampling = spy
+    try:
+        for s in range(seed, seed + decodes):
+            impl(target, draft, list(case.prompt), k=case.k, config=case.config, max_new_tokens=case.max_new_tokens,
+                 stop_tokens=case.stop_tokens, rng=s)
+    finally:
+        generation._speculative_sampling = original
+    return rows
+
+
 _TINY = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
              max_position_embeddings=64, pad_token_id=0, bos_token_id=None, eos_token_id=None)
 INIT_RANGE = 0.2  # weights' init std: 0.02 (the default) gives near-uniform rows, 0.5 near point masses
@@ -663,9 +706,49 @@ class HFArchitecturePath(HFPath):
         """The random-weight target (torch already seeded)."""
         raise NotImplementedError
 
-    def reference_calls(self, case):
-        raise SpecrefError(f"{type(self).__name__} has no reference call count: its first call drafts nothing "
-                           f"and its drafts come from the target's hidden states")
+    def reference_calls(self, case, *, decodes: int = 200, seed: int = 0):
+        """The law of calls of Algorithm 1 with this path's own draft, as observed (:func:`observed_drafts`).
+
+        The path's drafts come from the target's hidden states (and DFlash's and Gemma 4's also from
+        where the round began), so their law is read off ``decodes`` seeded decodes, not built here.
+        The reference: the first call drafts nothing (one token from ``p``), as these generators do;
+        then every round drafts ``min(K, max_new_tokens - generated - 1)`` tokens from the observed
+        rows, each a function of (generated, drafted so far), and verifies them with Algorithm 1
+        (:func:`~specref.core.step.speculative_step`) against the case's rows under HF's rules.  It
+        judges the rounds and the verification, not how good the drafter is.  A state the decodes did
+        not reach is a ``SpecrefError``.
+        """
+        from specref.core.draws import draw
+        from specref.core.step import speculative_step
+        from specref.decoding.chain import model_rows
+        from specref.verification.cases.rules import ruled
+        from specref.verification.statistics.efficiency import iterations_law
+
+        rows = observed_drafts(self, case, decodes=decodes, seed=seed)
+        t, config = ruled(case.models()[0], case.config, hf_rules)
+        prompt, K, N, stops = list(case.prompt), case.k, case.max_new_tokens, frozenset(case.stop_tokens)
+
+        def iteration(generated, rng):
+            k = 0 if not generated else min(K, N - len(generated) - 1)
+            drafted, q = [], []
+            for _ in range(k):
+                key = (generated, tuple(drafted))
+                if key not in rows:
+                    raise SpecrefError(f"{type(self).__name__}: no draft was observed after {key[0]} with "
+                                       f"{list(key[1])} drafted, in {decodes} decodes; observe more")
+                q.append(rows[key])
+                drafted.append(draw(rng, rows[key]))
+            p = model_rows(t, prompt + list(generated) + drafted, k + 1, config, name="target")
+            block = [draw(rng, p[0])] if k == 0 else speculative_step(p, np.stack(q), drafted, rng, check=False)
+            kept = []
+            for x in block[: N - len(generated)]:
+                kept.append(int(x))
+                if x in stops:
+                    break
+            state = generated + tuple(kept)
+            return tuple(kept), None if len(state) >= N or kept[-1] in stops else state
+
+        return iterations_law(iteration)
 
     def build_assistant(self, settings):
         """The assistant for one case's settings, or None (torch already seeded)."""
