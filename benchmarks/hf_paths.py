@@ -330,9 +330,12 @@ def main(argv=None) -> int:
         if not args.into or not os.path.exists(args.out):
             ap.error(f"--efficiency-only needs --into and an existing --out, got {args.out!r}")
         for spec in paths():
-            if (args.paths and spec[0] not in args.paths) or spec[4] not in REFERENCES:
+            if args.paths and spec[0] not in args.paths:
                 continue
             row = next(r for r in record["paths"] if r["path"] == spec[0])
+            if spec[4] not in REFERENCES:  # no reference: the reason, as paths() gives it now
+                row["efficiency"] = {"verdict": spec[4]}
+                continue
             impl, case = spec[3]()
             row["efficiency"], calls = _efficiency(impl, case, [], args.efficiency_samples,
                                                    1 - PLANNED_ALPHA if args.planned else EFFICIENCY_LEVEL,
@@ -345,6 +348,8 @@ def main(argv=None) -> int:
             print(f"{row['path']:<42} {_efficiency_cell(row)}", flush=True)
             with open(args.out, "w") as f:
                 json.dump(record, f, indent=1, default=str)
+        with open(args.out, "w") as f:  # the rows without a reference too
+            json.dump(record, f, indent=1, default=str)
         return 0
     for spec in paths():
         if args.paths and spec[0] not in args.paths:

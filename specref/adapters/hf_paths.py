@@ -51,10 +51,11 @@ without a cache), so the ground truth is plain sampling from that very model:
   and hands those logits on, so with sampling ``_speculative_sampling`` accepts at ``p/q`` with a
   ``q`` the draft was not drawn from: the oracle flags it.  Greedy, it is the argmax chain.
 
-All three skip drafting on the first target call (``is_first_iteration``), so the reference's
-call count (a draft over tokens, K drafted from the first call) is not theirs, and none gets an
-efficiency verdict; Gemma 4's and DFlash's rows within a round also depend on where the round
-began (the assistant's own hidden state; one forward for the whole block).  A configuration
+All three skip drafting on the first target call (``is_first_iteration``), and their draft rows
+come from the target's hidden states (Gemma 4's and DFlash's also from where the round began:
+the assistant's own hidden state; one forward for the whole block), so the chain reference's
+call count is not theirs: :meth:`HFArchitecturePath.reference_calls` is Algorithm 1 with the
+path's own rows as :func:`observed_drafts` reads them, the first call drafting nothing.  A configuration
 transformers refuses (``HFMTP(num_mtp_layers=2)``: Mellum takes one MTP layer) and a case whose
 target is not the path's model raise ``SpecrefError``, status ``raised`` under the oracle.
 
