@@ -348,6 +348,7 @@ def main(argv=None) -> int:
             print(f"{row['path']:<42} {_efficiency_cell(row)}", flush=True)
             with open(args.out, "w") as f:
                 json.dump(record, f, indent=1, default=str)
+        record["seconds"] = sum(r["seconds"] for r in record["paths"])
         with open(args.out, "w") as f:  # the rows without a reference too
             json.dump(record, f, indent=1, default=str)
         return 0
