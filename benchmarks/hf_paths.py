@@ -168,6 +168,25 @@ def _efficiency(impl, case, calls, decodes, level, seed=EFFICIENCY_SEED):
             "verdict": e.verdict, "decodes": e.n, "from": source, "calls": histogram}, calls
 
 
+def _fill_efficiency(row, eff_kind, impl, case, calls, decodes, level, seed):
+    """The row's efficiency verdict, calls per decode and (the ensemble rows) exact TV, from ``calls``
+    or, when the decodes ran elsewhere, from :func:`_efficiency`'s run of their own."""
+    from specref.adapters.hf_paths import ensemble_law
+
+    if eff_kind not in REFERENCES:  # no reference: the reason
+        row["efficiency"] = {"verdict": eff_kind}
+        row.setdefault("calls_per_decode", sum(calls) / len(calls) if calls else None)
+        return
+    row["efficiency"], calls = _efficiency(impl, case, calls, decodes, level, seed)
+    row["calls_per_decode"] = sum(calls) / len(calls)
+    if hasattr(impl, "weight"):
+        row["exact_tv"] = ensemble_law(case, impl.weight)[2]
+
+
+def _efficiency_level(planned):
+    return 1 - PLANNED_ALPHA if planned else EFFICIENCY_LEVEL
+
+
 def _peak_mb(who):
     return resource.getrusage(who).ru_maxrss / 1024
 
@@ -175,10 +194,7 @@ def _peak_mb(who):
 def run_path(path, generator, settings, make, eff_kind, samples, *, planned=False, executor=None,
              efficiency_samples=EFFICIENCY_SAMPLES, efficiency_seed=EFFICIENCY_SEED):
     """One row of the record: N is ``samples``, or the planned N with ``planned`` (greedy paths: ``GREEDY_N``)."""
-    from specref.adapters.hf_generate import hf_rules
-    from specref.adapters.hf_paths import ensemble_law
     from specref.verification.oracle import check_decoder
-    from specref.verification.statistics.efficiency import efficiency
 
     impl, case = make()
     planned_n = GREEDY_N if case.config.greedy else _planned(case)
@@ -191,15 +207,8 @@ def run_path(path, generator, settings, make, eff_kind, samples, *, planned=Fals
            "n": r.n_samples, "p_value": r.p_value, "tv": r.tv, "tv_interval": list(r.tv_interval),
            "detectable_tv": r.detectable_tv, "seconds": seconds, "detail": r.detail[:300],
            "workers": getattr(executor, "_max_workers", 1)}
-    calls = list(impl.target_calls)
-    if eff_kind in REFERENCES:
-        row["efficiency"], calls = _efficiency(impl, case, calls, efficiency_samples,
-                                               1 - PLANNED_ALPHA if planned else EFFICIENCY_LEVEL, efficiency_seed)
-    else:
-        row["efficiency"] = {"verdict": eff_kind}
-    row["calls_per_decode"] = sum(calls) / len(calls) if calls else None
-    if hasattr(impl, "weight"):
-        row["exact_tv"] = ensemble_law(case, impl.weight)[2]
+    _fill_efficiency(row, eff_kind, impl, case, list(impl.target_calls), efficiency_samples,
+                     _efficiency_level(planned), efficiency_seed)
     row["seconds_per_call"] = seconds / max(1, r.n_samples)
     row["planned_n"] = planned_n
     row["projected_s_at_planned_n"] = row["planned_n"] * row["seconds_per_call"]
@@ -333,18 +342,9 @@ def main(argv=None) -> int:
             if args.paths and spec[0] not in args.paths:
                 continue
             row = next(r for r in record["paths"] if r["path"] == spec[0])
-            if spec[4] not in REFERENCES:  # no reference: the reason, as paths() gives it now
-                row["efficiency"] = {"verdict": spec[4]}
-                continue
-            impl, case = spec[3]()
-            row["efficiency"], calls = _efficiency(impl, case, [], args.efficiency_samples,
-                                                   1 - PLANNED_ALPHA if args.planned else EFFICIENCY_LEVEL,
-                                                   args.efficiency_seed)
-            row["calls_per_decode"] = sum(calls) / len(calls)
-            if hasattr(impl, "weight"):
-                from specref.adapters.hf_paths import ensemble_law
-
-                row["exact_tv"] = ensemble_law(case, impl.weight)[2]
+            impl, case = spec[3]() if spec[4] in REFERENCES else (None, None)
+            _fill_efficiency(row, spec[4], impl, case, [], args.efficiency_samples, _efficiency_level(args.planned),
+                             args.efficiency_seed)
             print(f"{row['path']:<42} {_efficiency_cell(row)}", flush=True)
             with open(args.out, "w") as f:
                 json.dump(record, f, indent=1, default=str)

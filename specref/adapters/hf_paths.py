@@ -721,16 +721,19 @@ class HFArchitecturePath(HFPath):
         """
         from specref.core.draws import draw
         from specref.core.step import speculative_step
-        from specref.decoding.chain import model_rows
+        from specref.decoding.chain import kept_block, model_rows, target_transition
         from specref.verification.cases.rules import ruled
         from specref.verification.statistics.efficiency import iterations_law
 
         rows = observed_drafts(self, case, decodes=decodes, seed=seed)
         t, config = ruled(case.models()[0], case.config, hf_rules)
         prompt, K, N, stops = list(case.prompt), case.k, case.max_new_tokens, frozenset(case.stop_tokens)
+        undrafted = target_transition(t, prompt, config=config, max_new_tokens=N, stop_tokens=case.stop_tokens)
 
         def iteration(generated, rng):
             k = 0 if not generated else min(K, N - len(generated) - 1)
+            if k == 0:
+                return undrafted(generated, rng)
             drafted, q = [], []
             for _ in range(k):
                 key = (generated, tuple(drafted))
@@ -740,14 +743,7 @@ class HFArchitecturePath(HFPath):
                 q.append(rows[key])
                 drafted.append(draw(rng, rows[key]))
             p = model_rows(t, prompt + list(generated) + drafted, k + 1, config, name="target")
-            block = [draw(rng, p[0])] if k == 0 else speculative_step(p, np.stack(q), drafted, rng, check=False)
-            kept = []
-            for x in block[: N - len(generated)]:
-                kept.append(int(x))
-                if x in stops:
-                    break
-            state = generated + tuple(kept)
-            return tuple(kept), None if len(state) >= N or kept[-1] in stops else state
+            return kept_block(generated, speculative_step(p, np.stack(q), drafted, rng, check=False), N, stops)
 
         return iterations_law(iteration)
 
@@ -989,26 +985,21 @@ def ensemble_law(case, weight: float, *, capped: bool = True):
     temperature-1 cases without top-k/p: there transformers 5.24's assistant, which applies each
     warper twice, samples what ``hf_rules`` gives.
     """
-    from specref.core.draws import draw
-    from specref.decoding.chain import next_token_probs, speculative_transition
+    from specref.decoding.chain import speculative_transition, target_transition
     from specref.verification.cases.rules import ruled
     from specref.verification.laws.enumeration import compare, law_iterated, target_law
 
     case = case.as_float()
     target, draft = case.models()
     (t, config), (d, _) = ruled(target, case.config, hf_rules), ruled(draft, case.config, hf_rules)
-    prompt, K, N, stops = list(case.prompt), case.k, case.max_new_tokens, frozenset(case.stop_tokens)
-    steps = {k: speculative_transition(t, d, prompt, k=k, config=config, max_new_tokens=N,
-                                       stop_tokens=case.stop_tokens, step=ensemble_step(weight))
+    prompt, K, N = list(case.prompt), case.k, case.max_new_tokens
+    settings = dict(config=config, max_new_tokens=N, stop_tokens=case.stop_tokens)
+    steps = {k: speculative_transition(t, d, prompt, k=k, step=ensemble_step(weight), **settings)
              for k in range(1, K + 1)}
+    steps[0] = target_transition(t, prompt, **settings)  # nothing to draft: one token from p
 
     def iteration(generated, rng):
-        k = K if not capped else min(K, N - len(generated) - 1)
-        if k >= 1:
-            return steps[k](generated, rng)
-        x = draw(rng, next_token_probs(t, prompt + list(generated), config, name="target"))
-        state = generated + (x,)
-        return (x,), None if len(state) >= N or x in stops else state
+        return steps[K if not capped else min(K, N - len(generated) - 1)](generated, rng)
 
     got = law_iterated((), iteration)
     truth = target_law(t, prompt, config, N, case.stop_tokens)

@@ -45,6 +45,7 @@ __all__ = [
     "speculative_block",
     "target_transition",
     "speculative_transition",
+    "kept_block",
 ]
 
 
@@ -115,8 +116,7 @@ def target_transition(target, prompt, *, config, max_new_tokens, stop_tokens=(),
 
     def iteration(generated: tuple, rng):
         p = target_rows.last(prompt + list(generated), 1)[0]
-        block = _kept_block(generated, [draw(rng, p)], max_new_tokens, stops)
-        return block, _next_state(generated, block, max_new_tokens, stops)
+        return kept_block(generated, [draw(rng, p)], max_new_tokens, stops)
 
     return iteration
 
@@ -246,8 +246,7 @@ def _transition(target, draft, prompt, k, config, max_new_tokens, stop_tokens, s
         b = _speculative_block(target_rows, draft_rows, prompt + list(generated), k, rng, step, V)
         if stats is not None:
             _record(stats, b, k)
-        block = _kept_block(generated, b.emitted, max_new_tokens, stops)
-        return block, _next_state(generated, block, max_new_tokens, stops)
+        return kept_block(generated, b.emitted, max_new_tokens, stops)
 
     return iteration
 
@@ -299,22 +298,18 @@ def _record(result: DecodeResult, b: _Block, k: int) -> None:
 # ---------------------------------------------------------------- shared pieces
 
 
-def _kept_block(generated: tuple, emitted: list[int], max_new_tokens: int, stops: frozenset) -> tuple:
-    """The part of ``emitted`` that is kept: up to the length limit, through the first stop token."""
-    room = max_new_tokens - len(generated)
+def kept_block(generated: tuple, emitted, max_new_tokens: int, stops) -> tuple:
+    """``(block, next state)`` of an iteration that emitted ``emitted`` after ``generated``: the block is
+    kept up to the length limit and through the first stop token; the next state is None once the
+    decode has ended (the limit reached, or the block ends in a stop token)."""
     kept = []
-    for x in emitted[:room]:
+    for x in emitted[: max_new_tokens - len(generated)]:
         kept.append(x)
         if x in stops:
             break
-    return tuple(kept)
-
-
-def _next_state(generated: tuple, block: tuple, max_new_tokens: int, stops: frozenset):
+    block = tuple(kept)
     state = generated + block
-    if len(state) >= max_new_tokens or (block and block[-1] in stops):
-        return None
-    return state
+    return block, None if len(state) >= max_new_tokens or (block and block[-1] in stops) else state
 
 
 def _check_common(target, prompt, config, max_new_tokens, stop_tokens, vocab=False):

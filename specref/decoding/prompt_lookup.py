@@ -20,7 +20,7 @@ from __future__ import annotations
 from specref.core.draws import draw
 from specref.core.errors import SpecrefError
 from specref.core.sampling import SamplingConfig
-from specref.decoding.chain import next_token_probs
+from specref.decoding.chain import kept_block, next_token_probs
 
 __all__ = ["lookup_draft", "lookup_transition"]
 
@@ -80,7 +80,6 @@ def lookup_transition(target, prompt, *, num_tokens: int, max_new_tokens: int, c
             block.append(x)
             if x != d or x in stops:
                 break
-        done = len(generated) + len(block) >= max_new_tokens or block[-1] in stops
-        return block, None if done else tuple(generated + block)
+        return kept_block(state, block, max_new_tokens, stops)
 
     return iteration
