@@ -1,20 +1,20 @@
 """specref as an oracle: check another implementation, get a verdict and a counterexample.
 
-:func:`check` runs any level of :data:`~specref.verification.levels.LEVELS` under one
-:class:`~specref.verification.running.report.Settings`; the ``check_*`` functions are its shorthands, one per level:
+:func:`check` is the one door: ``check(level, fn, **keywords)`` runs any level of
+:data:`~specref.verification.levels.LEVELS` (by name, or a
+:class:`~specref.verification.running.level.Level` object) on its cases.  ``keywords`` are
+:class:`~specref.verification.running.report.Settings` fields (``mode="statistical"``,
+``samples=...``) or the level's own options (``batch=n`` at the step, logits and decoder levels:
+``n`` samples per call, SPEC §13.1; ``rules`` at the logits and decoder levels; ``drafting`` at the
+tree level; ``batch`` trees per call at the tree_batch level; ``array`` at the batched levels):
+each level declares them (``Level.options``), and an unknown keyword is an error that lists both.
+The oracle reads everything about a level from its object and names none.
 
-- **step**, **logits**, **decoder** (SPEC §3-§4; :mod:`specref.verification.levels.chain`);
-- **batched**, **draft_and_verify** (SPEC §11; :mod:`specref.verification.levels.batched`);
-- **tree** (SPEC §12; :mod:`specref.verification.levels.trees`), and dense batches of trees
-  (:func:`check_tree_batch`);
-- **vllm**, **flashinfer**: the batched level in the engines' calls
-  (:mod:`specref.verification.levels.engines`).
-
-``batch=n`` (step, logits and decoder levels) says "call me with ``n`` samples at once": the
-same as :func:`~specref.verification.levels.chain.declare_batch` (SPEC §13.1).
+The ``check_*`` functions (``check_step``, ``check_tree``, ...) are the 0.2 shorthands, kept for
+the 0.3 release as thin wrappers over :func:`check`: each is a level's ``shorthand`` (module ``__getattr__``).
 
 Cases are plain data, so a counterexample reproduces when passed back in
-(``check_step(fn, cases=[report.counterexample])``).
+(``check(level, fn, cases=[report.counterexample])``).
 
 Modes:
 
@@ -23,8 +23,9 @@ Modes:
   variation to the target law exactly.  It fails when TV > ``tolerance`` (SPEC §13).
 - ``"statistical"``: the implementation uses its own randomness and ``rng`` is an integer
   seed; specref draws N samples (planned by
-  :func:`specref.verification.statistics.counts.samples_needed` to detect TV >= ``detect_tv``
-  with power 0.9 at ``alpha``), runs a pooled G-test, and reports N, the p-value and a TV interval.
+  :func:`specref.verification.statistics.counts.planned_n` to detect TV >= ``detect_tv``
+  with power :data:`~specref.verification.statistics.counts.PLAN_POWER` at ``alpha``), runs a
+  pooled G-test, and reports N, the p-value and a TV interval.
 
 Misbehaviour is reported, never raised: an implementation that raises, returns tokens
 outside the vocabulary, returns an empty or over-long block, does arithmetic on a lazy
@@ -34,27 +35,21 @@ that caused it.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, fields, replace
 from functools import partial
-from numbers import Integral
-
-import numpy as np
 
 from specref.core.errors import SpecrefError, SpecrefTypeError
 from specref.verification.cases.chain import Case, default_cases, fixed_cases, strategy_cases
-from specref.verification.cases.rules import RulesReport, declare_rules, rules_of
+from specref.verification.cases.rules import rules_of
 from specref.verification.laws.enumeration import compare
-from specref.verification.levels import LEVELS, register
-from specref.verification.levels.batched import default_batched_cases
-from specref.verification.levels.chain import batch_of, declare_batch, run_programs
-from specref.verification.levels.trees import run_tree_batch, tree_cases
+from specref.verification.levels import LEVELS, level_named, register
+from specref.verification.levels.chain import run_programs
 from specref.verification.running.calling import can_isolate, cuda_started, guarded
-from specref.verification.running.level import Level
+from specref.verification.running.level import CasePlan, Level, Option
 from specref.verification.running.report import (ARITHMETIC, BUDGET, CRASHED, INTERNAL, INVALID, RAISED, RNG_MISUSE,
                                                  TIMEOUT, WRITES, CaseResult, Report, Settings)
-from specref.verification.statistics.shards import BLOCK, block_rng, check_travel
+from specref.verification.statistics.shards import check_travel
 
 __all__ = [
     "Case",
@@ -67,134 +62,114 @@ __all__ = [
     "run_programs",
     "check",
     "declared",
-    "check_step",
-    "check_logits_step",
-    "check_decoder",
-    "check_batched_step",
-    "check_draft_and_verify",
-    "check_tree",
-    "check_tree_batch",
     "compare",
     "default_cases",
     "fixed_cases",
     "strategy_cases",
 ]
 
+_SETTINGS = tuple(f.name for f in fields(Settings))
 
-BATCH_LEVELS = ("step", "logits", "decoder")  # the levels where batch= (calls of n samples) applies
 
+def check(level: str | Level, fn, *, cases=None, settings: Settings | None = None, **keywords) -> Report:
+    """Check ``fn`` at ``level`` (a name in :data:`~specref.verification.levels.LEVELS`, or a
+    :class:`~specref.verification.running.level.Level`) on ``cases`` (default: the level's own).
 
-def check(level: str, fn, *, cases=None, settings: Settings | None = None, rules=None, batch: int | None = None,
-          **fields_) -> Report:
-    """Check ``fn`` at ``level`` (a key of :data:`~specref.verification.levels.LEVELS`) on ``cases`` (default: the level's own).
-
-    Settings come as one :class:`~specref.verification.running.report.Settings`, or as its fields by keyword
-    (``check("step", fn, mode="statistical")``); keywords override ``settings``.
-    ``rules`` (logits and decoder levels): the implementation's declared rule order or its
-    own plain sampler (:mod:`specref.verification.cases.rules`); speculative output is then
-    checked against that sampler, and the report says so.
-    ``batch`` (step, logits and decoder levels): ``fn`` takes ``batch`` samples per call, rows
-    stacked (:func:`~specref.verification.levels.chain.declare_batch`; SPEC §13.1).
+    ``keywords`` are :class:`~specref.verification.running.report.Settings` fields
+    (``check(level, fn, mode="statistical")``) or the level's own options (``Level.options``:
+    ``batch``, ``rules``, ``drafting``, ``array``, ...); a keyword that is neither is a
+    SpecrefError listing both.  ``settings`` (one Settings object, which keywords override) is
+    the 0.2 way, kept for callers that hold one.
     """
-    if not isinstance(level, str) or level not in LEVELS:
-        raise SpecrefError(f"level must be one of {', '.join(map(repr, LEVELS))}, got {level!r}")
-    return _check(LEVELS[level], fn, cases=cases, settings=settings, rules=rules, batch=batch, **fields_)
-
-
-def declared(level: str, fn, *, rules=None, batch: int | None = None):
-    """``fn`` with ``rules`` and ``batch`` declared on it (:func:`check`'s arguments), validated:
-    ``batch`` a positive int (not a bool) at the step, logits and decoder levels, ``rules`` at the
-    logits and decoder levels.  A batch already declared keeps its array, device and dtype."""
-    if not callable(fn):
-        raise SpecrefTypeError(f"the implementation ({level} level) must be callable, got {fn!r:.80}")
-    if batch is not None:
-        if isinstance(batch, bool) or not isinstance(batch, Integral) or batch < 1:
-            raise SpecrefError(f"batch (samples per call) must be a positive integer, got {batch!r:.80}")
-        if level not in BATCH_LEVELS:
-            raise SpecrefError(f"batch (samples per call) applies at the {', '.join(BATCH_LEVELS)} levels, "
-                               f"not {level!r}")
-        form = batch_of(fn)
-        kw = {} if form is None else dict(array=form.array, device=form.device, dtype=form.dtype)
-        fn = declare_batch(fn, int(batch), **kw)
-    if rules is not None:
-        fn = declare_rules(fn, rules)
-    if rules_of(fn) is not None and level not in ("logits", "decoder"):
-        raise SpecrefError(f"rules apply at the logits and decoder levels, not {level!r}")
-    return fn
-
-
-def _check(spec: Level, fn, *, cases, settings, rules, batch=None, **fields_) -> Report:
-    """:func:`check` on a level object (a registered level, or a variant of one)."""
-    level = spec.name
-    unknown = set(fields_) - {f.name for f in fields(Settings)}
-    if unknown:
-        raise SpecrefError(f"unknown setting(s) {sorted(unknown)}; Settings has {[f.name for f in fields(Settings)]}")
-    settings = replace(settings or Settings(), **fields_)
-    if not callable(fn):
-        raise SpecrefTypeError(f"the implementation ({spec.signature.split('(')[0]}) must be callable, got {fn!r:.80}")
-    fn = declared(level, fn, rules=rules, batch=batch)
-    try:
-        cases = spec.cases() if cases is None else list(cases)
-    except TypeError:
-        raise SpecrefTypeError(f"cases must be an iterable of Case objects, got {cases!r:.80}") from None
+    spec, settings = _configured(level_named(level), settings, keywords)
+    fn, cases = _prepared(spec, fn, cases)
     if not cases:
-        raise SpecrefError(f"cases is empty: a check on no case proves nothing (level {level!r})")
+        raise SpecrefError(f"cases is empty: a check on no case proves nothing (level {spec.name!r})")
     if settings.mode == "statistical":
         check_travel(settings.executor, fn)  # before any case runs: a usage error, not the implementation's
     if settings.case_time_limit is None:  # from the plan (Settings' docstring)
         settings = replace(settings, case_time_limit=_planned_case_time(spec, fn, cases, settings))
-    report = spec.run(spec, fn, cases, settings)
-    return report if rules_of(fn) is None else RulesReport.of(report, rules_of(fn))
+    return spec.run(spec, fn, cases, settings)
 
 
-def check_step(step_fn, **options) -> Report:
-    """``check("step", step_fn, **options)``: ``step_fn(p_target, q_draft, draft_tokens, rng)``."""
-    return check("step", step_fn, **options)
+def declared(level: str | Level, fn, **options):
+    """``fn`` with ``level``'s ``options`` declared on it (:func:`check`'s, e.g. ``batch`` and
+    ``rules``), validated as :func:`check` validates them (a value of None is not given)."""
+    spec, _ = _configured(level_named(level), None, options)
+    return _prepared(spec, fn, [])[0]  # no cases: only fn is wanted
 
 
-def check_logits_step(step_fn, **options) -> Report:
-    """``check("logits", step_fn, **options)``: ``step_fn(target_logits, draft_logits, draft_tokens, config, rng)``."""
-    return check("logits", step_fn, **options)
+def _configured(spec: Level, settings: Settings | None, keywords: dict) -> tuple[Level, Settings]:
+    """``spec`` with its options among ``keywords`` chosen, and the settings the rest make; a keyword
+    that is neither a Settings field nor one of the level's options is a SpecrefError."""
+    given = {k: v for k, v in keywords.items() if k not in _SETTINGS}
+    own = {k: v for k, v in given.items() if k in spec.option_names()}
+    unknown = sorted(k for k, v in given.items() if k not in own and not (v is None and _holders(k)))
+    if unknown:
+        raise _not_an_option(spec, unknown)
+    if settings is not None and not isinstance(settings, Settings):
+        raise SpecrefTypeError(f"settings must be a Settings, got {settings!r:.80}")
+    fields_ = {k: v for k, v in keywords.items() if k in _SETTINGS}
+    return spec.with_options(**own), replace(settings or Settings(), **fields_)
 
 
-def check_decoder(decode_fn, **options) -> Report:
-    """``check("decoder", decode_fn, **options)``: ``decode_fn(target, draft, prompt, *, k, config, ...)``."""
-    return check("decoder", decode_fn, **options)
+def _prepared(spec: Level, fn, cases) -> tuple:
+    """``fn`` with the level's chosen options declared, checked against the options it declares
+    itself (an attribute such as ``specref_rules``), and the cases (the level's, or those given)."""
+    if not callable(fn):
+        raise SpecrefTypeError(f"the implementation ({spec.signature.split('(')[0]}, {spec.name} level) must be "
+                               f"callable, got {fn!r:.80}")
+    fn, cases = spec.prepared(fn, cases)
+    for opt in {id(o): o for lv in LEVELS.values() for o in lv.options}.values():
+        if opt.declared is not None and opt.declared(fn) is not None and opt not in spec.options:
+            raise _not_an_option(spec, [opt.name])
+    return fn, cases
 
 
-def _with_array(cases, array):
-    return cases if array is None else [replace(c, array=array) for c in cases]
+def _holders(name: str) -> list[tuple[Option, list[str]]]:
+    """Each distinct option called ``name`` among the registered levels, with the levels that take it."""
+    found: dict[int, tuple[Option, list[str]]] = {}
+    for lv in LEVELS.values():
+        for opt in lv.options:
+            if opt.name == name:
+                found.setdefault(id(opt), (opt, []))[1].append(lv.name)
+    return list(found.values())
 
 
-def check_batched_step(step_fn, *, cases=None, array: str | None = None, **settings) -> Report:
-    """``check("batched", step_fn)``: ``step_fn(p_target [B,K+1,V], q_draft [B,K,V] | None, draft_tokens [B,K], seed)``.
-
-    ``array="torch"`` hands the implementation torch tensors in statistical mode.
-    """
-    cases = default_batched_cases("batched") if cases is None else list(cases)
-    return check("batched", step_fn, cases=_with_array(cases, array), **settings)
-
-
-def check_draft_and_verify(step_fn, *, cases=None, array: str | None = None, **settings) -> Report:
-    """``check("draft_and_verify", step_fn)``: ``step_fn(p_target [B,K+1,V], q_draft [B,K,V], seed)``."""
-    cases = default_batched_cases("draft_and_verify") if cases is None else list(cases)
-    return check("draft_and_verify", step_fn, cases=_with_array(cases, array), **settings)
+def _not_an_option(spec: Level, names: list[str]) -> SpecrefError:
+    """The error for keywords ``names`` that ``spec`` does not take: where each applies, and what ``spec`` takes."""
+    where = []
+    for name in names:
+        for opt, levels in _holders(name):
+            listed = " and ".join(levels) if len(levels) == 2 else ", ".join(levels)
+            where.append(f"{opt.phrase or opt.name + ' applies'} at the {listed} level{'s' if len(levels) > 1 else ''}")
+    said = f"{where[0]}, not {spec.name!r}" + (f" ({'; '.join(where[1:])})" if len(where) > 1 else "") if where else (
+        f"unknown keyword(s) {names} at the {spec.name!r} level")
+    return SpecrefError(f"{said}; the {spec.name} level takes the Settings fields {list(_SETTINGS)} and its own "
+                        f"options {spec.option_names() or 'none'}")
 
 
-def check_tree(tree_step_fn, *, drafting: str = "topk", **options) -> Report:
-    """``check("tree", fn, cases=tree_cases(drafting), **options)``."""
-    options.setdefault("cases", tree_cases(drafting))
-    return check("tree", tree_step_fn, **options)
+# ---------------------------------------------------------------- the 0.2 shorthands: check(level, fn, **keywords)
 
 
-def check_tree_batch(kernel, *, batch: int = 2, cases=None, **options) -> Report:
-    """``check("tree_batch", kernel)`` with ``batch`` trees per call (SPEC §12): exact with the
-    kernel's coins as lazy uniforms, or statistical; ``options`` are :class:`~specref.verification.running.report.Settings` fields."""
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise SpecrefError(f"batch must be a positive integer, got {batch!r}")
-    spec = replace(LEVELS["tree_batch"], run=partial(run_tree_batch, batch=batch))
-    return _check(spec, kernel, cases=cases, settings=options.pop("settings", None), rules=options.pop("rules", None),
-                  **options)
+def __getattr__(name: str):
+    """The 0.2 shorthands (``check_step``, ``check_tree``, ...), kept for the 0.3 release: ``name`` is
+    the ``shorthand`` of a registered level, and the function is ``check`` at that level."""
+    for level in LEVELS.values():
+        if level.shorthand == name:
+            shorthand = _shorthand(level)
+            globals()[name] = shorthand  # found here directly from now on
+            return shorthand
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _shorthand(level: Level):
+    def shorthand(fn, **keywords) -> Report:
+        return check(level.name, fn, **keywords)
+
+    shorthand.__name__ = shorthand.__qualname__ = level.shorthand
+    shorthand.__doc__ = f"``check({level.name!r}, fn, **keywords)`` (0.2 name): ``{level.signature}``."
+    return shorthand
 
 
 # ---------------------------------------------------------------- plans: N, calls, an ETA and the case time limit
@@ -203,10 +178,15 @@ CASE_TIME_FLOOR = 300.0  # a case's time limit is never below this by default (e
 CASE_TIME_FACTOR = 3.0  # a planned case's default limit: this many ETAs (a few timed calls; load varies)
 CASE_TIME_CAP = 24 * 3600.0  # ... and never more than a day per case
 PLAN_CALLS = 3  # warm calls the default case time limit of a statistical check times per case
-EXACT_ONLY = ("batched_coins", "tree_coins", "vllm_coins")  # coins in, exact out: no statistical mode
 _MISBEHAVED = (RAISED, INVALID, TIMEOUT, ARITHMETIC, CRASHED, BUDGET, RNG_MISUSE, WRITES, INTERNAL)
-_BATCHED_FAMILY = {"batched": "batched", "draft_and_verify": "draft_and_verify", "vllm": "batched",
-                   "flashinfer": "batched", "mrv2": "batched"}  # level -> the batched level its statistics are of
+
+EXACT_ONLY = tuple(name for name, lv in LEVELS.items() if not lv.statistical)
+"""specref's levels without a statistical mode (coins in, exact out): ``Level.statistical`` is False (0.2 name)."""
+
+
+def _reference_of(level: str | Level, rules=None):
+    """specref's own implementation at ``level`` (``Level.reference_for``; None where it has none; 0.2 name)."""
+    return level_named(level).reference_for(rules)
 
 
 def planned_case_time(eta_s: float | None) -> float:
@@ -237,20 +217,96 @@ class PlanRow:
         return planned_case_time(self.eta_s)
 
 
-def _reference_of(level: str, rules=None):
-    """specref's own implementation at a registered ``level`` (None for a level it has none for)."""
-    from specref.decoding.batched import batched_draft_and_verify, batched_step
-    from specref.verification.levels import coins, engine_coins, engines, greedy, mrv2, trees
-    from specref.verification.levels.chain import _reference
+def plan_rows(spec: Level, fn, cases, settings: Settings, *, calls: int, isolate: bool) -> list[PlanRow]:
+    """A :class:`PlanRow` per case of ``spec`` (``fn`` declared, ``cases`` validated): N and the calls
+    as the check makes them, and the first call and ``calls`` warm calls timed (in a forked worker
+    per case with ``isolate``, under the per-call ``time_limit``); a misbehaviour is the row's note."""
+    if settings.mode == "statistical" and not spec.statistical:
+        raise SpecrefError(f"the {spec.name} level has no statistical mode (coins in, exact out): plan it with "
+                           f"mode='exact', got mode='statistical'")
+    return [_plan_case(spec, fn, case, settings, settings.seed + i, calls, isolate) for i, case in enumerate(cases)]
 
-    if level in ("step", "logits", "decoder"):
-        return _reference(level, rules)
-    return {"batched": batched_step, "draft_and_verify": batched_draft_and_verify,
-            "vllm": engines.vllm_reference, "flashinfer": engines.flashinfer_reference,
-            "tree": trees.from_coins(trees.sglang_style_kernel), "tree_batch": trees.batched_reference_kernel,
-            "batched_coins": coins.engine_coin_kernel, "tree_coins": coins.sglang_coin_kernel,
-            "vllm_coins": engine_coins.vllm_coin_reference, "mrv2": mrv2.mrv2_reference,
-            "greedy_tree": greedy.greedy_reference, "greedy_tree_step": greedy.greedy_step_reference}.get(level)
+
+def _plan_case(spec: Level, fn, case, settings: Settings, seed: int, calls: int, isolate: bool) -> PlanRow:
+    """One case's row: the level's plan of N and its calls (:class:`CasePlan`), its calls timed in a
+    guarded body; where the level does not plan the mode itself, the fallback (:func:`_fallback_row`)."""
+    guard = partial(guarded, isolate=isolate, time_limit=settings.time_limit,
+                    case_time_limit=(settings.case_time_limit or CASE_TIME_FLOOR) + (calls + 2) * settings.time_limit)
+    budgeted = settings.mode == "statistical" and settings.budget_s is not None and not settings.samples
+    planner = spec.exact_planner if settings.mode == "exact" else spec.planner
+    if planner is None:
+        return _fallback_row(spec, fn, case, settings, seed, calls, guard)
+    try:
+        planned = planner(spec, fn, case, settings, seed)
+    except SpecrefError as e:
+        return _fallback_row(spec, fn, case, settings, seed, calls, guard, why=f"N unknown until run: {e}"[:160])
+    if budgeted:
+        planned = CasePlan(None, None, 1, None, planned.timer, f"N chosen at run time from budget_s = {settings.budget_s} s")
+    if planned.timer is None:
+        return PlanRow(case.name, planned.outcomes, planned.n, None, None, note=planned.note, batch=planned.per_call,
+                       calls=planned.calls)
+    status, value = guard(partial(_timed, planned.timer, calls))
+    if status != "result":
+        return PlanRow(case.name, planned.outcomes, planned.n, None, None, note=f"{status}: {value[:80]}",
+                       batch=planned.per_call, calls=planned.calls)
+    first, warm = value
+    eta = float(settings.budget_s) if budgeted else first + (planned.calls - 1) * warm
+    return PlanRow(case.name, planned.outcomes, planned.n, warm, eta, note=planned.note, batch=planned.per_call,
+                   calls=planned.calls, first_call_s=first)
+
+
+def _timed(timer, calls: int) -> tuple[float, float]:
+    """``(seconds of the first call, seconds per warm call)``: ``timer(calls)``'s call ``0``, then ``1..calls``."""
+    call = timer(calls)
+    t0 = time.perf_counter()
+    call(0)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for i in range(1, calls + 1):
+        call(i)
+    return first, (time.perf_counter() - t0) / calls
+
+
+# ---------------------------------------------------------------- the fallback: the level's own check, timed
+
+
+def _fallback_row(spec: Level, fn, case, settings: Settings, seed: int, calls: int, guard, why: str = "") -> PlanRow:
+    """A row for a level that does not plan this mode itself (every level's exact mode but the chain
+    levels'; a level registered without a planner): N in exact mode is the calls the level's exact
+    check makes of its reference (counted: an estimate for another implementation), in statistical
+    mode unknown until run; the calls are timed as the first calls of the level's own check of the
+    case (:func:`_pilot`)."""
+    n, note, reference = None, why, None
+    if settings.mode == "exact":
+        reference = spec.reference_for(rules_of(fn))
+        if reference is None:
+            note = f"N unknown until run: specref has no reference at the {spec.name!r} level to count calls on"
+    elif settings.budget_s is not None and not settings.samples:
+        note = f"N chosen at run time from budget_s = {settings.budget_s} s"
+    elif not note:
+        note = (f"N unknown until run: plan does not know how the {spec.name!r} level plans N (a level without a "
+                f"planner)")
+    status, value = guard(partial(_level_timings, spec, fn, reference, case, replace(settings, seed=seed), calls))
+    if status != "result":
+        return PlanRow(case.name, None, None, None, None, note=f"{status}: {value[:80]}")
+    counted, counted_why, first, warm, bad = value
+    if reference is not None:
+        n = counted
+        note = counted_why or "N: the calls of the reference's exact check (an estimate for another implementation)"
+    if bad is not None:
+        return PlanRow(case.name, None, n, None, None, note=bad + (f"; {note}" if note else ""), calls=n)
+    if n is None:
+        eta = float(settings.budget_s) if settings.budget_s is not None and settings.mode == "statistical" else None
+    else:
+        eta = first + (n - 1) * warm
+    return PlanRow(case.name, None, n, warm, eta, note=note, calls=n, first_call_s=first)
+
+
+def _level_timings(spec, fn, reference, case, settings, calls) -> tuple:
+    """In the guarded body: ``(reference calls, why not, first s, warm s, the implementation's misbehaviour)``."""
+    counted, why = (None, None) if reference is None else _counted(spec, reference, case, settings)
+    first, warm, bad = _pilot(spec, fn, case, settings, calls)
+    return counted, why, first, warm, bad
 
 
 class _Timed:
@@ -281,7 +337,7 @@ class _Enough(Exception):
 
 
 def _quiet(settings: Settings, **more) -> Settings:
-    """Settings for the oracle's own runs inside a plan: here, one case, no state check, no bar."""
+    """Settings for the level's own runs inside a plan: here, one case, no state check, no bar."""
     return replace(settings, isolate=False, state_check=False, progress=False, executor=None, shard_store=None,
                    **more)
 
@@ -289,7 +345,7 @@ def _quiet(settings: Settings, **more) -> Settings:
 def _pilot(spec: Level, fn, case, settings: Settings, calls: int) -> tuple:
     """The level's own check of ``case`` (its first calls are the run's), stopped after the first
     call and ``calls + 1`` more: ``(first call s, warm s per call, None)`` -- warm: the mean time from
-    the start of one call to the next (the oracle's work between calls included) -- or
+    the start of one call to the next (the level's work between calls included) -- or
     ``(None, None, "status: detail")`` when the implementation misbehaved first."""
     timed = _Timed(fn, calls + 2)
     limit = CASE_TIME_FLOOR + (calls + 2) * settings.time_limit
@@ -318,168 +374,6 @@ def _counted(spec: Level, reference, case, settings: Settings) -> tuple:
     if result.status != "ok":
         return None, f"the reference's exact check: {result.status}: {result.detail[:80]}"
     return count[0], None
-
-
-def _statistical_n(spec: Level, fn, case, settings: Settings, seed: int) -> tuple:
-    """``(outcomes, n, samples per call, calls)`` a statistical check of ``case`` plans, as the level
-    plans them (SpecrefError for a level it does not know)."""
-    from specref.verification.levels import batched, greedy, trees
-    from specref.verification.statistics.counts import samples_needed
-
-    name = _BATCHED_FAMILY.get(spec.name)
-    if name is not None:  # the batched level's own planner: N rows, in calls of `copies` copies of the case
-        bc = case.law_case() if spec.name == "mrv2" else case
-        f = bc.as_float()
-        if settings.samples:
-            n = settings.samples
-        else:
-            stats = batched.statistics_nulls(f, name, salt=seed)
-            alpha = settings.alpha / len(stats)
-            n = min(batched.MAX_SAMPLES, max(
-                samples_needed(settings.detect_tv, alpha, 0.9, max(2, len(s.null)), null=batched._plan_null(s.null))
-                for s in stats if (s.null > 0).sum() >= 2))
-        copies = batched._copies_per_call(bc, n)
-        return None, n, copies, batched._calls(n, copies)
-    if spec.name in ("tree", "tree_batch"):
-        size = getattr(spec.run, "keywords", {}).get("batch", 2) if spec.name == "tree_batch" else 1
-        one = trees._budget(case.as_float(), settings, size)
-        expected = one if size == 1 else trees._product(one, size)
-    elif spec.name in ("greedy_tree", "greedy_tree_step"):
-        expected = greedy._batch_law(case, greedy.ties_of(fn))
-        if len(expected) == 1:  # a point mass: N that sees a stray of probability detect_tv with power 0.9
-            n = settings.samples or math.ceil(math.log(0.1) / math.log1p(-settings.detect_tv))
-            return 1, n, 1, n
-    else:
-        raise SpecrefError(f"plan does not know how the {spec.name!r} level plans N (a level registered "
-                           f"outside specref)")
-    null = np.array([float(expected[o]) for o in sorted(expected)] + [0.0])
-    n = settings.samples or samples_needed(settings.detect_tv, settings.alpha, 0.9, len(null), null=null)
-    return len(expected), n, 1, n
-
-
-def plan_rows(spec: Level, fn, cases, settings: Settings, *, calls: int, isolate: bool) -> list[PlanRow]:
-    """A :class:`PlanRow` per case of ``spec`` (``fn`` declared, ``cases`` validated): N and the calls
-    as the check makes them, and the first call and ``calls`` warm calls timed (in a forked worker
-    per case with ``isolate``, under the per-call ``time_limit``); a misbehaviour is the row's note."""
-    if settings.mode == "statistical" and spec.name in EXACT_ONLY:
-        raise SpecrefError(f"the {spec.name} level has no statistical mode (coins in, exact out): plan it with "
-                           f"mode='exact', got mode='statistical'")
-    return [_plan_case(spec, fn, case, settings, settings.seed + i, calls, isolate) for i, case in enumerate(cases)]
-
-
-def _plan_case(spec: Level, fn, case, settings: Settings, seed: int, calls: int, isolate: bool) -> PlanRow:
-    """One case's row: N and the calls (exact mode: counted on the reference, in the guarded body),
-    then the timed calls in a guarded body."""
-    guard = partial(guarded, isolate=isolate, time_limit=settings.time_limit,
-                    case_time_limit=(settings.case_time_limit or CASE_TIME_FLOOR) + (calls + 2) * settings.time_limit)
-    if spec.program is not None:
-        return _chain_row(spec, fn, case, settings, seed, calls, guard)
-    outcomes, n, per_call, total, note, reference = None, None, 1, None, "", None
-    if settings.mode == "exact":
-        reference = _reference_of(spec.name, rules_of(fn))
-        if reference is None:
-            note = f"N unknown until run: specref has no reference at the {spec.name!r} level to count calls on"
-    elif settings.budget_s is not None and not settings.samples:
-        note = f"N chosen at run time from budget_s = {settings.budget_s} s"
-    else:
-        try:
-            outcomes, n, per_call, total = _statistical_n(spec, fn, case, settings, seed)
-        except SpecrefError as e:
-            note = f"N unknown until run: {e}"[:160]
-    status, value = guard(partial(_level_timings, spec, fn, reference, case, replace(settings, seed=seed), calls))
-    if status != "result":
-        return PlanRow(case.name, outcomes, n, None, None, note=f"{status}: {value[:80]}", batch=per_call, calls=total)
-    counted, why, first, warm, bad = value
-    if reference is not None:
-        n = total = counted
-        note = why or "N: the calls of the reference's exact check (an estimate for another implementation)"
-    if bad is not None:
-        return PlanRow(case.name, outcomes, n, None, None, note=bad + (f"; {note}" if note else ""), batch=per_call,
-                       calls=total)
-    if total is None:
-        eta = float(settings.budget_s) if settings.budget_s is not None and settings.mode == "statistical" else None
-    else:
-        eta = first + (total - 1) * warm
-    return PlanRow(case.name, outcomes, n, warm, eta, note=note, batch=per_call, calls=total, first_call_s=first)
-
-
-def _level_timings(spec, fn, reference, case, settings, calls) -> tuple:
-    """In the guarded body: ``(reference calls, why not, first s, warm s, the implementation's misbehaviour)``."""
-    counted, why = (None, None) if reference is None else _counted(spec, reference, case, settings)
-    first, warm, bad = _pilot(spec, fn, case, settings, calls)
-    return counted, why, first, warm, bad
-
-
-def _calls(n: int, per_call: int) -> int:
-    """Calls for ``n`` samples: blocks of ``BLOCK``, each cut into calls of ``per_call`` (no call spans two)."""
-    full, rest = divmod(n, BLOCK)
-    return full * math.ceil(BLOCK / per_call) + math.ceil(rest / per_call)
-
-
-def _chain_row(spec, fn, case, settings: Settings, seed: int, calls: int, guard) -> PlanRow:
-    """A chain level's row: N (exact mode: the reference's paths), then the timed calls in a guarded body."""
-    from specref.verification.levels.chain import _reference, batch_of
-    from specref.verification.laws.enumeration import law
-    from specref.verification.statistics.counts import samples_needed
-
-    if settings.mode == "exact":
-        _, expected = spec.program(fn, case, settings.time_limit)
-        reference, _ = spec.program(_reference(spec.name, rules_of(fn)), case, settings.time_limit)
-        try:
-            n = law(lambda rng: reference(rng, rng), max_paths=settings.max_paths).paths
-        except SpecrefError as e:  # over max_paths: the exact check stops there too
-            return PlanRow(case.name, len(expected), settings.max_paths, None, None, note=f"over budget: {e}"[:120])
-        per_call, total = 1, n
-        body = partial(_timed_exact, spec, fn, case, settings.time_limit, seed, calls)
-    else:
-        _, expected = spec.program(fn, case.as_float(), settings.time_limit)
-        null = np.array([float(w) for w in expected.values()] + [0.0])
-        n = settings.samples or samples_needed(settings.detect_tv, settings.alpha, 0.9, len(null), null=null)
-        form = batch_of(fn)
-        per_call = 1 if form is None else min(form.per_call, n)
-        total = _calls(n, per_call)
-        body = partial(_timed_batches, spec.name, fn, case.as_float(), settings.time_limit, seed, calls, per_call)
-    status, value = guard(body)
-    if status != "result":
-        return PlanRow(case.name, len(expected), n, None, None, note=f"{status}: {value[:80]}", batch=per_call,
-                       calls=total)
-    first, warm = value
-    return PlanRow(case.name, len(expected), n, warm, first + (total - 1) * warm, batch=per_call, calls=total,
-                   first_call_s=first)
-
-
-def _timed(call, calls) -> tuple[float, float]:
-    """``(seconds of the first call, seconds per warm call)`` of ``call(i)``: ``i = 0``, then ``1..calls``."""
-    t0 = time.perf_counter()
-    call(0)
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for i in range(1, calls + 1):
-        call(i)
-    return first, (time.perf_counter() - t0) / calls
-
-
-def _timed_batches(level, fn, case, time_limit, seed, calls, per_call) -> tuple[float, float]:
-    """Statistical mode at a chain level: calls as the check makes them
-    (:mod:`specref.verification.levels.chain`), one sample per call or ``per_call`` in one call, each
-    on samples of its own, seeded and drawn as the samples of block 0 are (one ``block_rng(seed, 0)``)."""
-    from specref.verification.levels.chain import _sampler_of
-
-    sampler = _sampler_of(level, fn, case, time_limit)
-    gen = block_rng(seed, 0)
-    m = (calls + 1) * per_call
-    seeds, coins = gen.integers(2**63, size=m), gen.random((m, sampler.coins))
-    if sampler.form is None:
-        return _timed(lambda i: sampler.one(coins[i], int(seeds[i])), calls)
-    return _timed(lambda i: sampler.many(seeds[i * per_call:(i + 1) * per_call], coins[i * per_call:(i + 1) * per_call]),
-                  calls)
-
-
-def _timed_exact(spec, fn, case, time_limit, seed, calls) -> tuple[float, float]:
-    """Exact mode at a chain level: runs of the case's program on a seeded generator, each one call."""
-    program, _ = spec.program(fn, case, time_limit)
-    gen = np.random.default_rng(seed)
-    return _timed(lambda i: program(gen, gen), calls)
 
 
 def _planned_case_time(spec: Level, fn, cases, settings: Settings) -> float:

@@ -1,8 +1,8 @@
 """Friendlier statistical runs: a plan with N and an ETA per case, and results kept case by case (SPEC §6, §15).
 
 - :func:`plan` prints, before a long run, the N that
-  :func:`specref.verification.statistics.counts.samples_needed` plans for each case (TV >=
-  ``detect_tv`` with power 0.9 at ``alpha``) and an ETA measured from a few calls of
+  :func:`specref.verification.statistics.counts.planned_n` plans for each case (TV >=
+  ``detect_tv`` with power :data:`~specref.verification.statistics.counts.PLAN_POWER` at ``alpha``) and an ETA measured from a few calls of
   the implementation on that case: the first call timed apart (imports, compilation and caches
   warm up there), then ``calls`` warm calls, each of the implementation's declared batch
   (:func:`~specref.verification.levels.chain.declare_batch`: ``B`` samples per call, at most one
@@ -19,21 +19,24 @@
   (:attr:`PlanRow.case_time_limit`: :data:`CASE_TIME_FACTOR` x its ETA, at least
   :data:`~specref.verification.oracle.CASE_TIME_FLOOR`, at most :data:`CASE_TIME_CAP`).
 
-Every registered level plans (SPEC §15).  Statistical N is the level's own: the chain, tree and
-greedy levels' ``samples_needed`` over the case's target law (a point mass: the N that sees a
-stray of probability ``detect_tv``), the batched levels' (batched, draft-and-verify, vllm,
-flashinfer, mrv2) largest N over their statistics, in calls of as many copies of the case's rows
-as the check hands over at once (``batch``).  Exact N at the chain levels is the reference's
-enumerated paths; at the other levels it is the calls the level's exact check makes of specref's
-reference there, counted (paths of the enumeration; coin-law kernel calls at the coin levels): an
-estimate for an implementation that draws otherwise.  A level without a statistical mode (the coin
-levels) is a SpecrefError in that mode; where N cannot be known before the run (no reference, a
-``budget_s``, a level registered outside specref), the row says so and has no ETA (a
-``budget_s`` row's ETA is the budget).  The timed calls at the other levels are the level's own
-check of the case, stopped after the first call and ``calls + 1`` more: warm seconds per call are
-the mean time from the start of one call to the next, the oracle's work in between included.  The
-core is :func:`specref.verification.oracle.plan_rows`; the check's default ``case_time_limit``
-comes from the same rows.
+Every registered level plans (SPEC §15), from its own object
+(:class:`~specref.verification.running.level.Level`): its ``planner`` gives a statistical case's
+N, the samples per call and the calls (:class:`~specref.verification.running.level.CasePlan`) --
+the chain, tree and greedy levels' :func:`~specref.verification.statistics.counts.planned_n` over
+the case's target law, the batched levels' (batched, draft-and-verify, vllm, flashinfer, mrv2)
+largest N over their statistics, in calls of as many copies of the case's rows as the check hands
+over at once (``batch``) -- and a timer that makes the check's own calls of the implementation
+(its :class:`~specref.verification.statistics.shards.Sampler`), so planning never runs a check.
+Exact N at the chain levels (their ``exact_planner``) is the reference's enumerated paths.  Where a
+level does not plan a mode itself -- exact mode at every other level, a level registered without a
+planner -- the fallback counts the calls the level's exact check makes of its ``reference`` (an
+estimate for an implementation that draws otherwise) and times the first calls of the level's own
+check of the case (warm seconds per call: the mean time from the start of one call to the next,
+the level's work in between included).  A level without a statistical mode (the coin levels) is a
+SpecrefError in that mode; where N cannot be known before the run (no reference, a ``budget_s``,
+no planner), the row says so and has no ETA (a ``budget_s`` row's ETA is the budget).  The core is
+:func:`specref.verification.oracle.plan_rows`; the check's default ``case_time_limit`` comes from
+the same rows.
 
 Seeds: in statistical mode the implementation gets an int in ``[0, 2**63)`` per call.
 ``numpy.random.default_rng`` and ``torch.manual_seed`` take it as it is; NumPy's legacy
@@ -45,59 +48,49 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from fractions import Fraction
 from pathlib import Path
 
 from specref.core.errors import SpecrefError, SpecrefTypeError, check_positive_int
-from specref.verification.cases.chain import Case
 from specref.verification.cases.rules import RulesReport, rules_of
-from specref.verification.levels import LEVELS
+from specref.verification.levels import level_named
 from specref.verification.oracle import CASE_TIME_CAP, CASE_TIME_FACTOR, PlanRow, plan_rows
 from specref.verification.running.report import CaseResult, Report, Settings
+from specref.verification.statistics.counts import PLAN_POWER
 
 __all__ = ["PlanRow", "plan", "run_each", "CASE_TIME_CAP", "CASE_TIME_FACTOR"]
 
-
-def _settings(settings, fields_):
-    """The plan's settings: ``fields_`` over ``settings``; statistical unless ``mode="exact"`` is given."""
-    return replace(settings or Settings(), **{"mode": "statistical", **fields_})
+_SETTINGS = {f.name for f in fields(Settings)}
 
 
-def plan(level: str, fn, cases=None, *, settings: Settings | None = None, calls: int = 5, file=None,
-         quiet: bool = False, rules=None, batch: int | None = None, **fields_) -> list[PlanRow]:
+def plan(level, fn, cases=None, *, settings: Settings | None = None, calls: int = 5, file=None,
+         quiet: bool = False, **keywords) -> list[PlanRow]:
     """Print (to ``file``, default stdout; nothing when ``quiet``) and return N per case and an ETA:
     the first call and ``calls`` warm calls of the implementation timed on each case (module docstring).
 
-    Any registered level (:data:`~specref.verification.levels.LEVELS`) in either mode;
-    ``mode="statistical"`` at an exact-only level (coins in, exact out) is a SpecrefError naming
-    both.  ``rules`` and ``batch`` are :func:`~specref.verification.oracle.check`'s; ``fields_`` are
-    ``Settings`` fields (``mode`` is ``"statistical"`` unless given).  The timed calls are the first
-    calls of an implementation nobody has checked yet: they run in a forked worker per case
-    (``isolate=False`` runs them here), under ``time_limit`` per call, and a misbehaviour is the
-    case's note, never an exception."""
-    from specref.verification.oracle import declared  # the oracle's validation of rules and batch
+    Any registered level (:data:`~specref.verification.levels.LEVELS`, by name, or a
+    :class:`~specref.verification.running.level.Level`) in either mode; ``mode="statistical"`` at
+    an exact-only level (coins in, exact out) is a SpecrefError naming both.  ``keywords`` are
+    :func:`~specref.verification.oracle.check`'s: ``Settings`` fields (``mode`` is
+    ``"statistical"`` unless given) and the level's own options (``batch``, ``rules``, ...).  The
+    cases are validated as the check validates them.  The timed calls are the first calls of an
+    implementation nobody has checked yet: they run in a forked worker per case (``isolate=False``
+    runs them here), under ``time_limit`` per call, and a misbehaviour is the case's note, never an
+    exception."""
+    from specref.verification.oracle import _configured, _prepared  # the oracle's validation of keywords
 
-    if not isinstance(level, str) or level not in LEVELS:
-        raise SpecrefError(f"plan needs a registered level ({', '.join(map(repr, LEVELS))}), got {level!r:.80}")
+    spec = level_named(level, need="plan needs a registered level")
     if not callable(fn):
         raise SpecrefTypeError(f"fn (the implementation to plan for) must be callable, got {fn!r:.80}")
     calls = check_positive_int("calls", calls)
-    settings = _settings(settings, fields_)
-    fn = declared(level, fn, rules=rules, batch=batch)
-    spec = LEVELS[level]
-    try:
-        cases = spec.cases() if cases is None else list(cases)
-    except TypeError:
-        raise SpecrefTypeError(f"cases must be an iterable of cases, got {cases!r:.80}") from None
+    spec, settings = _configured(spec, settings, {"mode": "statistical", **keywords})
+    fn, cases = _prepared(spec, fn, cases)
     if not cases:
         raise SpecrefError("cases is empty: there is nothing to plan")
-    if spec.program is not None:  # the chain levels' cases
+    if spec.validate is not None:
         for case in cases:
-            if not isinstance(case, Case):
-                raise SpecrefError(f"plan's cases must be specref.verification.cases.chain.Case objects, got "
-                                   f"{case!r:.120}")
-            case.models()  # validates the tables
+            spec.validate(spec, case, settings)
     rows = plan_rows(spec, fn, cases, settings, calls=calls, isolate=True if settings.isolate is None else settings.isolate)
     if not quiet:
         print(_table(rows, settings), file=file or sys.stdout)
@@ -106,7 +99,7 @@ def plan(level: str, fn, cases=None, *, settings: Settings | None = None, calls:
 
 def _table(rows, settings):
     what = ("exact mode: N is the implementation calls of the exact check (the reference's, counted)"
-            if settings.mode == "exact" else f"detect TV >= {settings.detect_tv} with power 0.9 at alpha = {settings.alpha}")
+            if settings.mode == "exact" else f"detect TV >= {settings.detect_tv} with power {PLAN_POWER} at alpha = {settings.alpha}")
     lines = [f"plan: {what}",
              f"{'case':<24} {'outcomes':>8} {'N':>10} {'batch':>6} {'calls':>9} {'first s':>8} {'ms/call':>9} "
              f"{'ETA':>9} {'limit':>9}  note"]
@@ -134,8 +127,8 @@ def _duration(s):
 # ---------------------------------------------------------------- case by case
 
 
-def run_each(level: str, fn, cases=None, *, settings: Settings | None = None, on_case=None, json_lines=None,
-             rules=None, batch: int | None = None, **fields_) -> Report:
+def run_each(level, fn, cases=None, *, settings: Settings | None = None, on_case=None, json_lines=None,
+             **keywords) -> Report:
     """The check, one case at a time: ``on_case(i, result)`` and/or one JSON line per verdict in ``json_lines``.
 
     A ``json_lines`` file that exists is resumed: its cases (by index, checked against the case's
@@ -144,21 +137,22 @@ def run_each(level: str, fn, cases=None, *, settings: Settings | None = None, on
     again.  A long statistical campaign runs an implementation with its own randomness: its cases
     are isolated (forked workers) unless ``isolate`` is set, at every level.  Without a
     ``case_time_limit`` (None, the default), each case gets its own plan's
-    (:attr:`PlanRow.case_time_limit`), at every level."""
-    from specref.verification.oracle import check, declared  # the oracle registers the levels; imported where used
+    (:attr:`PlanRow.case_time_limit`), at every level.  ``keywords`` are :func:`~specref.verification.oracle.check`'s."""
+    from specref.verification.oracle import _configured, _prepared, check  # check: looked up at each call
 
-    settings = replace(settings or Settings(), **fields_)
+    options = {k: v for k, v in keywords.items() if k not in _SETTINGS}
+    spec, settings = _configured(level_named(level), settings, keywords)
     if settings.isolate is None and settings.mode == "statistical":
         settings = replace(settings, isolate=True)
-    spec = LEVELS.get(level)
-    cases = (spec.cases() if spec else []) if cases is None else list(cases)
+    declared, cases = _prepared(spec, fn, cases)
+    level = spec.name
     if not cases:
         raise SpecrefError("cases is empty: a check on no case proves nothing")
     done = {} if json_lines is None else _finished(json_lines, cases, level, settings)
     limits = [settings.case_time_limit] * len(cases)
     todo = [i for i in range(len(cases)) if i not in done]
-    if todo and spec is not None and settings.case_time_limit is None:
-        planned = plan(level, fn, [cases[i] for i in todo], settings=settings, quiet=True, rules=rules, batch=batch, mode=settings.mode)
+    if todo and settings.case_time_limit is None:
+        planned = plan(spec, fn, [cases[i] for i in todo], settings=settings, quiet=True, mode=settings.mode, **options)
         for i, row in zip(todo, planned):
             limits[i] = row.case_time_limit
     results, head = [], None
@@ -166,8 +160,8 @@ def run_each(level: str, fn, cases=None, *, settings: Settings | None = None, on
         if i in done:
             results.append(done[i])
             continue
-        report = check(level, fn, cases=[case], rules=rules, batch=batch,
-                       settings=replace(settings, seed=settings.seed + i, case_time_limit=limits[i]))
+        report = check(spec, fn, cases=[case], settings=replace(settings, seed=settings.seed + i,
+                                                                  case_time_limit=limits[i]))
         head = head or report
         results.append(report.results[0])
         if on_case is not None:
@@ -178,9 +172,8 @@ def run_each(level: str, fn, cases=None, *, settings: Settings | None = None, on
             with open(json_lines, "a") as f:
                 f.write(json.dumps(line, default=str) + "\n")
     if head is None:  # every case was in the file
-        declared_rules = rules_of(declared(level, fn, rules=rules)) if level in ("logits", "decoder") else None
         head = Report(level=level, mode=settings.mode)
-        head = head if declared_rules is None else RulesReport.of(head, declared_rules)
+        head = head if rules_of(declared) is None else RulesReport.of(head, rules_of(declared))
     head.results = results
     return head
 

@@ -3,29 +3,51 @@ it judges them -- chain (step, logits, decoder), batched, tree, and the engines'
 
 :data:`LEVELS` is the one registry, built here explicitly from each level module's own
 ``LEVELS`` tuple: every level is known once :mod:`specref.verification.oracle` (or this
-package) is imported, with no import side effects.  :func:`register` adds a user's level.
+package) is imported, with no import side effects.  :func:`register` adds a user's level: a
+:class:`~specref.verification.running.level.Level` carries everything about itself, so a level
+registered from outside specref is checked, planned and swept as specref's own are.
 """
 
 from __future__ import annotations
 
 from specref.core.errors import SpecrefError
 from specref.verification.levels import batched, chain, coins, engine_coins, engines, greedy, mrv2, trees
-from specref.verification.running.level import Level
+from specref.verification.running.level import Level, missing_parts
 
-__all__ = ["Level", "LEVELS", "register"]
+__all__ = ["Level", "LEVELS", "register", "level_named"]
 
 LEVELS: dict[str, Level] = {}
 """Every protocol level the oracle checks, by name (``check(name, fn)``, ``--level name``)."""
 
 
 def register(level: Level) -> Level:
-    """Add a level to :data:`LEVELS` (a name may be registered once)."""
+    """Add ``level`` to :data:`LEVELS`: SpecrefError when it is not a
+    :class:`~specref.verification.running.level.Level`, when a part it needs is missing or
+    malformed (naming the part), or when its name is registered already."""
     if not isinstance(level, Level):
         raise SpecrefError(f"level must be a specref.verification.levels.Level, got {level!r:.80}")
+    bad = missing_parts(level)
+    if bad:
+        raise SpecrefError(f"level {getattr(level, 'name', None)!r} cannot be registered: missing or malformed "
+                           f"part(s): {'; '.join(bad)}")
     if level.name in LEVELS:
         raise SpecrefError(f"level {level.name!r} is registered already")
     LEVELS[level.name] = level
     return level
+
+
+def level_named(level, *, need: str = "level must be one of the registered levels") -> Level:
+    """The registered level called ``level``, or ``level`` itself when it is a
+    :class:`~specref.verification.running.level.Level` whose parts are all there; SpecrefError
+    listing the registered names otherwise."""
+    if isinstance(level, Level):
+        bad = missing_parts(level)
+        if bad:
+            raise SpecrefError(f"level {level.name!r} has missing or malformed part(s): {'; '.join(bad)}")
+        return level
+    if not isinstance(level, str) or level not in LEVELS:
+        raise SpecrefError(f"{need} ({', '.join(map(repr, LEVELS))}, or a Level object), got {level!r:.80}")
+    return LEVELS[level]
 
 
 for _level in chain.LEVELS + batched.LEVELS + trees.LEVELS + engines.LEVELS + coins.LEVELS + engine_coins.LEVELS + mrv2.LEVELS + greedy.LEVELS:

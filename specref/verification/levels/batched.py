@@ -60,6 +60,7 @@ import time
 from dataclasses import dataclass, replace
 from functools import partial
 from fractions import Fraction
+from typing import Callable
 
 import numpy as np
 
@@ -67,15 +68,15 @@ from specref.core.backend import to_host
 from specref.core.errors import SpecrefError, SpecrefTypeError
 from specref.core.step import residual_weights
 from specref.decoding.batched import PLACEHOLDER, batched_draft_and_verify, batched_step, check_placeholder, row_tolerance
-from specref.verification.running.calling import (Misbehaved, call, can_isolate, case_budget, foreign, guarded,
+from specref.verification.running.calling import (Misbehaved, call, can_isolate, foreign, guarded,
                                                   short_repr)
 from specref.verification.laws.enumeration import compare, law
 from specref.verification.levels.runner import PILOT, run_cases, samples_in_budget
-from specref.verification.running.level import Level
+from specref.verification.running.level import CasePlan, Level, Option, fixed_reference
 from specref.verification.running.progress import progress_bar
 from specref.verification.running.report import DIFFERS, INVALID, OK, WRITES, CaseResult, Report, Settings, law_verdict
-from specref.verification.statistics.shards import BLOCK, Tally, block_rng, tally
-from specref.verification.statistics.counts import compare_counts, planned_power, samples_needed
+from specref.verification.statistics.shards import BLOCK, Sampler, calls_for, tally, tally_blocks, timed_calls
+from specref.verification.statistics.counts import PLAN_POWER, compare_counts, planned_n, planned_power
 
 __all__ = [
     "BatchedCase",
@@ -767,17 +768,15 @@ def _statistical_case(level, fn, case, settings, seed):
         n_rows = settings.samples
     elif settings.budget_s is not None:  # a timed pilot of one call of PILOT copies, then what the budget buys
         pilot = _Recipe(level, fn, case, settings.time_limit, seed, _copies_per_call(case, PILOT))
-        n_rows = samples_in_budget(lambda m: tally(pilot, outcomes, m, seed, run_blocks=_count_blocks),
+        n_rows = samples_in_budget(lambda m: tally(pilot, outcomes, m, seed),
                                    settings, started, most=MAX_SAMPLES)
     else:
-        n_rows = max(samples_needed(settings.detect_tv, level_alpha, 0.9, max(2, len(s.null)), null=_plan_null(s.null))
-                     for s in stats if (s.null > 0).sum() >= 2)
-        n_rows = min(n_rows, MAX_SAMPLES)
+        n_rows = planned_rows(stats, settings)
     recipe = _Recipe(level, fn, case, settings.time_limit, seed, _copies_per_call(case, n_rows))
     here = time.perf_counter() - started
     with progress_bar(n_rows, case.name, enabled=settings.progress) as bar:
         t = tally(recipe, outcomes, n_rows, seed, executor=settings.executor, shard_blocks=settings.shard_blocks,
-                  progress=bar, store=settings.shard_store, run_blocks=_count_blocks)
+                  progress=bar, store=settings.shard_store)
     if t.misbehaved:
         return CaseResult(case, t.misbehaved[1], detail=t.misbehaved[2])
     t0 = time.perf_counter()
@@ -791,9 +790,9 @@ def _statistical_case(level, fn, case, settings, seed):
     detectable = _detectable(stats, counts, level_alpha)
     fn_time = t.seconds.get("implementation", 0.0)
     overhead = here + time.perf_counter() - t0 + t.seconds.get("shards", 0.0) - fn_time  # summed over the shards
-    calls = _calls(n_rows, recipe.copies)
+    calls = calls_for(n_rows, recipe.copies)
     detail = (f"{m} statistics, Bonferroni alpha/{m}; most significant: {s.name}: {r.g}; "
-              f"adjusted p = {adjusted:.3g}; TV detectable at N (power 0.9): {detectable}; "
+              f"adjusted p = {adjusted:.3g}; TV detectable at N (power {PLAN_POWER}): {detectable}; "
               f"{calls} calls of up to {recipe.copies * f.shape[0]} rows; oracle overhead {overhead:.2f} s, "
               f"implementation {fn_time:.2f} s")
     rejected = any(x.rejected for x in results.values())
@@ -811,10 +810,15 @@ def _copies_per_call(case, n_rows):
     return int(max(1, min(BLOCK, n_rows, case.memory_budget // max(bytes_per_copy, 1))))
 
 
-def _calls(n, copies):
-    """Calls of at most ``copies`` copies that cover ``n`` draws block by block."""
-    full, last = divmod(n, BLOCK)
-    return full * math.ceil(BLOCK / copies) + math.ceil(last / copies)
+def planned_rows(stats, settings: Settings) -> int:
+    """N rows a statistical check of a case plans: ``settings.samples`` when given, else the largest N
+    any statistic with two or more possible categories needs at ``alpha / len(stats)`` (at most
+    :data:`MAX_SAMPLES`)."""
+    if settings.samples:
+        return settings.samples
+    alpha = settings.alpha / len(stats)
+    return min(MAX_SAMPLES, max(planned_n(settings, _plan_null(s.null), alpha=alpha)
+                                for s in stats if (s.null > 0).sum() >= 2))
 
 
 class _Recipe:
@@ -839,14 +843,16 @@ class _Recipe:
         return self._runner
 
 
-class _Runner:
-    """One case's batches: call ``fn`` on ``size`` tiled copies of the rows, count the statistics."""
+class _Runner(Sampler):
+    """One case's batches (a :class:`~specref.verification.statistics.shards.Sampler`): each call
+    on up to ``copies`` tiled copies of the rows, its output counted by every statistic."""
 
     def __init__(self, recipe: _Recipe):
         case, self.level, self.fn, self.time_limit = recipe.case, recipe.level, recipe.fn, recipe.time_limit
         f = case.as_float()
         self.B, K1, self.V = f.shape
         self.K, self.k, self.case, self.copies = K1 - 1, f.k, case, recipe.copies
+        self.per_call = recipe.copies
         self.stats = statistics_nulls(f, self.level, salt=recipe.salt)
         tile = lambda a: _as_array(np.tile(a, (self.copies, 1, 1)), case.array, case.dtype, case.device)  # noqa: E731
         self.p_in = tile(f.p_target)  # [copies B, K+1, V]
@@ -856,14 +862,17 @@ class _Runner:
             cdf = np.cumsum(f.drafts_from, axis=2)  # [B, K, V]
             self.draft_cdf = cdf / cdf[:, :, -1:]
 
-    def call(self, gen, size, counts) -> float:
-        """One call on ``size`` copies, drawn from ``gen`` (call seed, then drafts); adds to ``counts``.
-        Returns the seconds spent inside the implementation (its output's conversion included).
+    def counter(self, outcomes) -> "_StatisticsCounter":
+        return _StatisticsCounter(self.stats)
+
+    def call(self, gen, a: int, b: int) -> list:
+        """One call on ``b - a`` copies, drawn from the block's ``gen`` (call seed, then drafts):
+        the counts it adds to each statistic.
 
         The call gets its own copies of the rows and drafts (NumPy: read-only, so a write is the
         status ``writes into its inputs``; torch: a write shows in the tensors' version counters);
         the oracle counts its own drafts, never what it handed over."""
-        B, K, V, k = self.B, self.K, self.V, self.k
+        B, K, V, k, size = self.B, self.K, self.V, self.k, b - a
         rows = B * size
         p_in = _fresh(self.p_in if size == self.copies else self.p_in[:rows])
         q_in = None if self.q_in is None else _fresh(self.q_in if size == self.copies else self.q_in[:rows])
@@ -886,11 +895,22 @@ class _Runner:
             _untouched(handed, versions)
             return parse_output(out, rows, K, V, np.tile(k, size), x)
 
-        t0 = time.perf_counter()
         tokens, n = call(self.fn, args, {}, self.time_limit, convert=convert, read_only=True)
-        spent = time.perf_counter() - t0
-        _count(self.stats, counts, tokens, n, x, B)
-        return spent
+        return _count(self.stats, tokens, n, x, B)
+
+
+class _StatisticsCounter:
+    """Each statistic's counts; as a tally, the statistics' categories in turn (and an empty last bin)."""
+
+    def __init__(self, stats):
+        self.counts = [np.zeros(len(s.null), dtype=np.int64) for s in stats]
+
+    def add(self, per_statistic: list) -> None:
+        for c, more in zip(self.counts, per_statistic):
+            c += more
+
+    def result(self) -> tuple[np.ndarray, dict]:
+        return np.concatenate(self.counts + [np.zeros(1, dtype=np.int64)]), {}
 
 
 def _fresh(a):
@@ -915,31 +935,7 @@ def _untouched(arrays, versions):
                                      "moved); inputs are the oracle's, copy them before writing")
 
 
-def _count_blocks(recipe, outcomes, seed, first, stop, n, budget=math.inf) -> Tally:
-    """Blocks ``first..stop-1`` of an ``n``-draw case (runs in a shard's worker, or here).
-
-    Block ``j`` draws from :func:`specref.verification.statistics.shards.block_rng` ``(seed, j)``, its
-    draws cut into calls of ``recipe.copies`` copies (the last call of a block may be
-    shorter), so its counts do not depend on the shard it is in.  The tally's bins are
-    the statistics' categories in turn; a misbehaviour is kept with the first draw of its call.
-    """
-    with case_budget(budget):
-        started = time.perf_counter()
-        runner = recipe()
-        counts = [np.zeros(len(s.null), dtype=np.int64) for s in runner.stats]
-        done, fn_time, bad = 0, 0.0, None
-        try:
-            for j in range(first, stop):
-                gen = block_rng(seed, j)
-                end = min(n, (j + 1) * BLOCK)
-                for s in range(j * BLOCK, end, runner.copies):
-                    size = min(runner.copies, end - s)
-                    fn_time += runner.call(gen, size, counts)
-                    done += size
-        except Misbehaved as m:
-            bad = (s, m.status, m.detail)
-        flat = np.concatenate(counts + [np.zeros(1, dtype=np.int64)])  # [len(outcomes) + 1]
-        return Tally(flat, {}, done, bad, {"implementation": fn_time, "shards": time.perf_counter() - started})
+_count_blocks = tally_blocks  # a case's batches are counted by the one block tally (0.2 name)
 
 
 def _plan_null(null):
@@ -960,7 +956,7 @@ def _detectable(stats, counts, level_alpha):
     return "none" if lo == math.inf else f"{lo:.3g} (best statistic) to {hi:.3g} (worst)"
 
 
-def _detectable_tv(n, alpha, k, null, power=0.9):
+def _detectable_tv(n, alpha, k, null, power=PLAN_POWER):
     """The TV ``n`` samples detect with ``power``, within 1%: ten geometric bisections of
     :func:`specref.verification.statistics.counts.planned_power` over [1e-4, 1] (``detectable_tv`` bisects
     to 1e-9, which costs about 40 power evaluations per statistic)."""
@@ -975,19 +971,22 @@ def _detectable_tv(n, alpha, k, null, power=0.9):
     return hi
 
 
-def _count(stats, counts, tokens, n, x, B):
+def _count(stats, tokens, n, x, B) -> list:
+    """The counts one call's output adds to each statistic."""
     rows = tokens.shape[0]
     L = n - 1
     # row i of a call is copy i // B of row type i % B: each type is a strided view, no copy
     per_type = [(tokens[b::B], n[b::B], None if x is None else x[b::B]) for b in range(B)]
-    for s, c in zip(stats, counts):
+    counts = []
+    for s in stats:
         if s.distance:
             a, b = s.rows
             i, j = _pair_indices(rows, B, s.distance, a, b)
             codes = s.code(L[i], L[j])
         else:
             codes = s.code(*per_type[s.rows[0]])
-        c += np.bincount(np.asarray(codes, dtype=np.int64), minlength=len(c))[: len(c)]
+        counts.append(np.bincount(np.asarray(codes, dtype=np.int64), minlength=len(s.null))[: len(s.null)])
+    return counts
 
 
 # ---------------------------------------------------------------- the levels
@@ -1052,10 +1051,38 @@ def large_vocab_case(V: int = 32_000, K: int = 5, B: int = 2, *, seed: int = 0, 
     return BatchedCase(f"V={V}-K={K}", p, q, array=array)
 
 
+def batched_planner(statistics: str, adapted: Callable | None = None) -> Callable:
+    """The planner of a level judged by the ``statistics`` level's statistics (batched or
+    draft_and_verify): N rows over the statistics of the case, in calls of as many copies of its
+    rows as the check hands over at once, timed as the check makes them.  ``adapted(fn, case) ->
+    (fn, case)``: the implementation and case as the batched level sees them (an engine's call)."""
+    def planner(level: Level, fn, case, settings: Settings, seed: int) -> CasePlan:
+        if adapted is not None:
+            fn, case = adapted(fn, case)
+        n = planned_rows(statistics_nulls(case.as_float(), statistics, salt=seed), settings)
+        copies = _copies_per_call(case, n)
+        recipe = _Recipe(statistics, fn, case, settings.time_limit, seed, copies)
+        return CasePlan(None, n, copies, calls_for(n, copies), timer=timed_calls(recipe, seed, copies))
+
+    return planner
+
+
+def _validate(level: Level, case, settings: Settings) -> None:
+    _validate_case(level.name, case, settings)
+
+
+ARRAY = Option("array", "what the rows are handed as in statistical mode: 'numpy' or 'torch'",
+               for_cases=lambda cases, array: [replace(c, array=array) for c in cases])
+"""``array="torch"`` hands the implementation torch tensors in statistical mode."""
+
 LEVELS = (
     Level("batched", "step_fn(p_target [B, K+1, V], q_draft [B, K, V] | None, draft_tokens [B, K], seed) "
-                     "-> [B, K+1] padded with -1", lambda: default_batched_cases("batched"), run_batched),
+                     "-> [B, K+1] padded with -1", partial(default_batched_cases, "batched"), run_batched,
+          validate=_validate, reference=fixed_reference(batched_step), planner=batched_planner("batched"),
+          options=(ARRAY,), shorthand="check_batched_step"),
     Level("draft_and_verify", "step_fn(p_target [B, K+1, V], q_draft [B, K, V], seed) -> [B, K+1] padded with -1",
-          lambda: default_batched_cases("draft_and_verify"), run_batched),
+          partial(default_batched_cases, "draft_and_verify"), run_batched, validate=_validate,
+          reference=fixed_reference(batched_draft_and_verify), planner=batched_planner("draft_and_verify"),
+          options=(ARRAY,), shorthand="check_draft_and_verify"),
 )
 """The batched and draft-and-verify levels."""

@@ -46,11 +46,11 @@ makes).
 from __future__ import annotations
 
 import copy
-import math
 from bisect import bisect_right
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import islice
+from numbers import Integral
 
 import numpy as np
 
@@ -58,17 +58,19 @@ from specref.core.errors import SpecrefError, check_positive_int
 from specref.core.sampling import SamplingConfig
 from specref.core.step import draw
 from specref.decoding.chain import next_token_probs
-from specref.verification.running.calling import Misbehaved, call, case_budget, checked_tokens, implementation_seconds
+from specref.verification.running.calling import Misbehaved, call, checked_tokens
 from specref.verification.running.calling import run_case as guarded_case
 from specref.verification.cases.chain import Case, default_cases
 from specref.verification.laws.enumeration import compare, law, target_law
 from specref.verification.levels.runner import exact_verdict, run_cases, sampled_verdict
-from specref.verification.running.level import Level
+from specref.verification.running.level import CasePlan, Level, Option
 from specref.verification.running.report import DIFFERS, INTERNAL, INVALID, OK, Report, Settings, law_verdict
-from specref.verification.cases.rules import CONVENTIONS, RuledModel, Rules, apply_rules, declare_rules, ruled, rules_of
-from specref.verification.statistics.shards import BLOCK, Tally, block_rng
+from specref.verification.cases.rules import (CONVENTIONS, RuledModel, Rules, RulesReport, apply_rules, declare_rules, ruled,
+                                              rules_of)
+from specref.verification.statistics.counts import planned_n
+from specref.verification.statistics.shards import BLOCK, Sampler, calls_for, tally_blocks, timed_calls
 
-__all__ = ["LEVELS", "run_programs", "declare_batch", "batch_of", "BatchForm"]
+__all__ = ["LEVELS", "BATCH", "RULES", "run_programs", "declare_batch", "batch_of", "BatchForm"]
 
 ARRAYS = ("numpy", "torch")  # what a batched implementation's rows are handed as
 DTYPES = ("float64", "float32")
@@ -160,14 +162,14 @@ def run_programs(spec: Level, fn, cases, settings: Settings) -> Report:
         run_case = case.as_float()
         prepared(case, run_case)
         recipe = partial(_sampler_of, spec.name, fn, run_case, settings.time_limit)  # rebuilt where it runs
-        return partial(sampled_verdict, case, recipe, expected_of[id(case)], settings, seed,
-                       run_blocks=tally_chain_blocks)
+        return partial(sampled_verdict, case, recipe, expected_of[id(case)], settings, seed)
 
     def recheck(case, result):
         return _rechecked(spec, result, handed_in[id(case)], expected_of[id(case)], settings, rules_of(fn))
 
-    return run_cases(spec, cases, settings, validate=lambda c: _check_case(spec, c, settings.max_paths),
-                     exact=exact, statistical=statistical, recheck=recheck, fn=fn)
+    report = run_cases(spec, cases, settings, validate=lambda c: _check_case(spec, c, settings),
+                       exact=exact, statistical=statistical, recheck=recheck, fn=fn)
+    return report if rules_of(fn) is None else RulesReport.of(report, rules_of(fn))
 
 
 def _exact_named(case, program, expected, settings: Settings, others=None):
@@ -254,8 +256,9 @@ def _rechecked(spec, result, snapshot, expected, settings, rules=None):
     return result
 
 
-def _check_case(spec: Level, case, max_paths: int):
-    level = spec.name
+def _check_case(spec: Level, case, settings: Settings):
+    """SpecrefError unless ``case`` is a :class:`Case` this level can run within ``settings.max_paths``."""
+    level, max_paths = spec.name, settings.max_paths
     if not isinstance(case, Case):
         raise SpecrefError(f"cases must hold specref.verification.cases.chain.Case objects, got {case!r}")
     if spec.tables and case.tables != spec.tables:
@@ -372,7 +375,32 @@ def _decoder_program(fn, case, time_limit):
     return run.one, target_law(law_model, list(case.prompt), law_config, case.max_new_tokens, case.stop_tokens)
 
 
-class _DecoderRun:
+class _ChainCalls(Sampler):
+    """What the decoder and step calls share as a :class:`~specref.verification.statistics.shards.Sampler`:
+    a block draws its seeds, then its coins (module docstring); its samples run one call each, or
+    ``per_call`` to a call for an implementation that declares a batch."""
+
+    coins = 0  # coins the oracle draws per sample
+
+    @property
+    def per_call(self) -> int:
+        return 1 if self.form is None else self.form.per_call
+
+    @property
+    def names_calls(self) -> bool:
+        return self.form is not None
+
+    def block(self, gen, m):
+        return gen.integers(2**63, size=m), gen.random((m, self.coins))
+
+    def call(self, drawn, a, b):
+        seeds, coins = drawn
+        if self.form is None:
+            return [self.one(coins[a], int(seeds[a]))]
+        return self.many(seeds[a:b], coins[a:b])
+
+
+class _DecoderRun(_ChainCalls):
     """Calls of a decoder: one sample (``one(rng, impl_rng)``, the program) or a batch (``many``)."""
 
     coins = 0  # the oracle draws nothing at this level
@@ -426,7 +454,7 @@ def _step_program(fn, case, time_limit, *, logits=False):
     return run.one, target_law(run.law_t, list(case.prompt), run.law_config, case.k + 1)
 
 
-class _StepRun:
+class _StepRun(_ChainCalls):
     """Calls of a step: one sample (``one(rng, impl_rng)``, the program) or a batch (``many``)."""
 
     def __init__(self, fn, case, time_limit, logits):
@@ -535,48 +563,7 @@ def _sampler_of(level, fn, case, time_limit):
     return _StepRun(fn, case, time_limit, level == "logits")
 
 
-def tally_chain_blocks(make_sampler, outcomes: tuple, seed: int, first: int, stop: int, n: int,
-                       budget: float = math.inf) -> Tally:
-    """Blocks ``first..stop-1`` of an ``n``-sample check of a chain level (runs in a worker),
-    with :func:`~specref.verification.statistics.shards.tally_blocks`' signature.
-
-    Block ``j`` draws its seeds and then its coins from ``block_rng(seed, j)`` (module
-    docstring); its samples run one call each, or ``per_call`` to a call for an implementation
-    that declares a batch.  A misbehaviour stops the shard at the sample it concerns (a batched
-    call's first sample, or the row its output got wrong).
-    """
-    with case_budget(budget):
-        spent = implementation_seconds()
-        sampler = make_sampler()
-        index = {o: i for i, o in enumerate(outcomes)}
-        counts = np.zeros(len(outcomes) + 1, dtype=np.int64)
-        strays: dict = {}
-        done = 0
-        step = 1 if sampler.form is None else sampler.form.per_call
-        for j in range(first, stop):
-            gen = block_rng(seed, j)
-            lo = j * BLOCK
-            m = min(n, lo + BLOCK) - lo
-            seeds, coins = gen.integers(2**63, size=m), gen.random((m, sampler.coins))
-            for a in range(0, m, step):
-                b = min(a + step, m)
-                try:
-                    outs = ([sampler.one(coins[a], int(seeds[a]))] if sampler.form is None
-                            else sampler.many(seeds[a:b], coins[a:b]))
-                except Misbehaved as e:
-                    where = lo + a + getattr(e, "row", 0)
-                    detail = e.detail if sampler.form is None else (
-                        f"{e.detail} (the call for samples {lo + a}..{lo + b - 1})")
-                    return Tally(counts, strays, done, (where, e.status, detail),
-                                 {"implementation": implementation_seconds() - spent})
-                for out in outs:
-                    i = index.get(out)
-                    if i is None:
-                        strays[out] = strays.get(out, 0) + 1
-                        i = len(outcomes)
-                    counts[i] += 1
-                done += len(outs)
-        return Tally(counts, strays, done, seconds={"implementation": implementation_seconds() - spent})
+tally_chain_blocks = tally_blocks  # the chain levels' samplers are counted by the one block tally (0.2 name)
 
 
 def _program_of(level, fn, case, time_limit):
@@ -584,16 +571,81 @@ def _program_of(level, fn, case, time_limit):
     return _BY_NAME[level].program(fn, case, time_limit)[0]
 
 
+# ---------------------------------------------------------------- plans (SPEC §15)
+
+
+def _plan_statistical(spec: Level, fn, case, settings: Settings, seed: int) -> CasePlan:
+    """N over the case's target law, in calls of the declared batch (at most N), timed as the
+    check makes them (:func:`~specref.verification.statistics.shards.timed_calls`)."""
+    run_case = case.as_float()
+    _, expected = spec.program(fn, run_case, settings.time_limit)
+    n = planned_n(settings, np.array([float(w) for w in expected.values()] + [0.0]))
+    form = batch_of(fn)
+    per_call = 1 if form is None else min(form.per_call, n)
+    recipe = partial(_sampler_of, spec.name, fn, run_case, settings.time_limit)
+    return CasePlan(len(expected), n, per_call, calls_for(n, per_call), timer=timed_calls(recipe, seed, per_call))
+
+
+def _plan_exact(spec: Level, fn, case, settings: Settings, seed: int) -> CasePlan:
+    """N: the paths of the reference's enumeration of the case (over ``max_paths``: the note says
+    so); timed: runs of the case's program on a generator seeded ``seed``, each one call."""
+    _, expected = spec.program(fn, case, settings.time_limit)
+    reference, _ = spec.program(spec.reference_for(rules_of(fn)), case, settings.time_limit)
+    try:
+        n = law(lambda rng: reference(rng, rng), max_paths=settings.max_paths).paths
+    except SpecrefError as e:  # over max_paths: the exact check stops there too
+        return CasePlan(len(expected), settings.max_paths, 1, None, note=f"over budget: {e}"[:120])
+
+    def timer(calls):
+        program, _ = spec.program(fn, case, settings.time_limit)
+        gen = np.random.default_rng(seed)
+        return lambda i: program(gen, gen)
+
+    return CasePlan(len(expected), n, 1, n, timer=timer)
+
+
+# ---------------------------------------------------------------- the levels' options
+
+
+def _positive_batch(batch) -> int:
+    if isinstance(batch, bool) or not isinstance(batch, Integral) or batch < 1:
+        raise SpecrefError(f"batch (samples per call) must be a positive integer, got {batch!r:.80}")
+    return int(batch)
+
+
+def _declared_batch(fn, size: int):
+    """``fn`` declared to take ``size`` samples per call; a batch declared already keeps its array, device and dtype."""
+    form = batch_of(fn)
+    kw = {} if form is None else dict(array=form.array, device=form.device, dtype=form.dtype)
+    return declare_batch(fn, size, **kw)
+
+
+BATCH = Option("batch", "samples per call", phrase="batch (samples per call) applies", check=_positive_batch,
+               declare=_declared_batch)
+"""``batch=n``: the implementation takes ``n`` samples per call, rows stacked (SPEC §13.1; :func:`declare_batch`)."""
+RULES = Option("rules", "the implementation's declared sampler (rule order, or its own sampler)", phrase="rules apply",
+               declare=declare_rules, declared=rules_of)
+"""``rules``: speculative output is checked against the implementation's own plain sampler
+(:mod:`specref.verification.cases.rules`); the report says so."""
+
+
 # ---------------------------------------------------------------- the levels
 
+
+def _chain_level(name: str, signature: str, program, shorthand: str, *, tables: str | None = None,
+                 options=(BATCH, RULES)) -> Level:
+    return Level(name, signature, partial(default_cases, name), run_programs, tables=tables, program=program,
+                 validate=_check_case, reference=partial(_reference, name), planner=_plan_statistical,
+                 exact_planner=_plan_exact, options=options, shorthand=shorthand)
+
+
 LEVELS = (
-    Level("step", "step_fn(p_target [K+1, V], q_draft [K, V], draft_tokens [K], rng) -> tokens",
-          lambda: default_cases("step"), run_programs, tables="probs", program=_step_program),
-    Level("logits", "step_fn(target_logits [K+1, V], draft_logits [K, V], draft_tokens [K], config, rng) -> tokens",
-          lambda: default_cases("logits"), run_programs, tables="logits",
-          program=lambda fn, case, time_limit: _step_program(fn, case, time_limit, logits=True)),
-    Level("decoder", "decode_fn(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng) -> tokens",
-          lambda: default_cases("decoder"), run_programs, program=_decoder_program),
+    _chain_level("step", "step_fn(p_target [K+1, V], q_draft [K, V], draft_tokens [K], rng) -> tokens", _step_program,
+                 "check_step", tables="probs", options=(BATCH,)),
+    _chain_level("logits", "step_fn(target_logits [K+1, V], draft_logits [K, V], draft_tokens [K], config, rng) "
+                           "-> tokens", partial(_step_program, logits=True), "check_logits_step", tables="logits"),
+    _chain_level("decoder", "decode_fn(target, draft, prompt, *, k, config, max_new_tokens, stop_tokens, rng) -> tokens",
+                 _decoder_program, "check_decoder"),
 )
 """The three chain levels, in the order the registry lists them."""
 _BY_NAME = {level.name: level for level in LEVELS}

@@ -68,7 +68,7 @@ from specref.verification.levels.batched import BatchedCase, parse_output, row_l
 from specref.verification.levels.runner import run_cases
 from specref.verification.levels.trees import TreeCase, batched_reference_kernel, memo_rows
 from specref.verification.running.calling import Misbehaved, call, foreign
-from specref.verification.running.level import Level
+from specref.verification.running.level import Level, fixed_reference
 from specref.verification.running.report import BUDGET, DIFFERS, INVALID, OK, CaseResult
 
 __all__ = [
@@ -907,9 +907,12 @@ def default_tree_coin_cases() -> list:
 LEVELS = (
     Level("batched_coins", "kernel(p_target [B, K+1, V], q_draft [B, K, V] | None, draft_tokens [B, K], "
                            "uniform_coins [B, K], final_coins [B]) -> [B, K+1] padded with -1",
-          default_coin_cases, run_batched_coins),
+          default_coin_cases, run_batched_coins, validate=lambda level, case, settings: _validate_coin_case(case),
+          reference=fixed_reference(engine_coin_kernel), statistical=False),
     Level("tree_coins", "kernel(candidates [B, N], retrive_next_token [B, N], retrive_next_sibling [B, N], "
                         "uniform_samples [B, N], uniform_final [B], target_probs [B, N, V]) "
-                        "-> (accept_index [B, S], next_tokens [B])", default_tree_coin_cases, run_tree_coins),
+                        "-> (accept_index [B, S], next_tokens [B])", default_tree_coin_cases, run_tree_coins,
+          validate=lambda level, case, settings: _validate_tree_coin_case(case),
+          reference=fixed_reference(sglang_coin_kernel), statistical=False),
 )
 """The coin-fed levels: exact laws of kernels handed float coins."""

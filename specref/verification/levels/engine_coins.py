@@ -74,7 +74,7 @@ from specref.verification.levels.coins import (BOUNDARY, NOT_PIECEWISE, CoinCase
 from specref.verification.levels.engines import VLLM_CALL, SamplingMetadata
 from specref.verification.levels.runner import run_cases
 from specref.verification.running.calling import Misbehaved, call
-from specref.verification.running.level import Level
+from specref.verification.running.level import Level, fixed_reference
 from specref.verification.running.report import BUDGET, DIFFERS, OK, CaseResult
 
 __all__ = [
@@ -447,6 +447,7 @@ def default_vllm_coin_cases() -> list:
 LEVELS = (
     Level("vllm_coins", f"fn in the vllm level's call ({VLLM_CALL[3]} as in {VLLM_CALL[0]} {VLLM_CALL[1]}) with "
                         "sampling_metadata.uniform_probs [T] float64 and .exponentials [B, V] float32: the coins",
-          default_vllm_coin_cases, run_vllm_coins),
+          default_vllm_coin_cases, run_vllm_coins, validate=lambda level, case, settings: _validate(case),
+          reference=fixed_reference(vllm_coin_reference), statistical=False),
 )
 """The coin level in vLLM V1's own call."""

@@ -69,9 +69,9 @@ from specref.core.draws import categorical, draw
 from specref.core.errors import SpecrefError
 from specref.core.numbers import same_kind
 from specref.decoding.batched import PLACEHOLDER, batched_step, row_tolerance
-from specref.verification.levels.batched import default_batched_cases, run_batched
+from specref.verification.levels.batched import batched_planner, default_batched_cases, run_batched
 from specref.verification.levels.batched import LEVELS as _BATCHED
-from specref.verification.running.level import Level
+from specref.verification.running.level import Level, fixed_reference
 
 __all__ = [
     "VLLM_CALL",
@@ -678,15 +678,19 @@ def flashinfer_reference(draft_probs, draft_token_ids, target_probs, seed):
 # ---------------------------------------------------------------- the engine-shaped levels
 
 
-def _engine_level(name, adapt, keep):
+def _engine_level(name, adapt, keep, reference):
+    """A level in an engine's call: ``adapt(fn)`` is the batched level's call, judged (and planned) there."""
     batched = next(level for level in _BATCHED if level.name == "batched")
 
     def run(level, fn, cases, settings):
         report = run_batched(batched, adapt(fn), cases, settings)
-        report.level = name
+        report.level = level.name
         return report
 
-    return Level(name, _SIGNATURES[name], lambda: [c for c in default_batched_cases("batched") if keep(c)], run)
+    return Level(name, _SIGNATURES[name], lambda: [c for c in default_batched_cases("batched") if keep(c)], run,
+                 validate=lambda level, case, settings: batched.validate(batched, case, settings),
+                 reference=fixed_reference(reference),
+                 planner=batched_planner("batched", lambda fn, case: (adapt(fn), case)))
 
 
 _SIGNATURES = {
@@ -696,6 +700,6 @@ _SIGNATURES = {
     "flashinfer": "fn(draft_probs [B, n, V], draft_token_ids [B, n], target_probs [B, n+1, V], seed) "
                   "-> (ids [B, n+1], accepted_num [B], emitted_num [B])",
 }
-LEVELS = (_engine_level("vllm", vllm_style, lambda c: True),
-          _engine_level("flashinfer", flashinfer_style, lambda c: c.num_draft is None))
+LEVELS = (_engine_level("vllm", vllm_style, lambda c: True, vllm_reference),
+          _engine_level("flashinfer", flashinfer_style, lambda c: c.num_draft is None, flashinfer_reference))
 """The engine-shaped levels: specref's batched level through each engine's call."""

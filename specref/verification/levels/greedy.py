@@ -56,7 +56,6 @@ times (230 at the default 0.01), and any output off it is a difference.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import partial
@@ -67,10 +66,11 @@ from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
 from specref.core.tree import DraftTree, check_tree_rows, to_sglang
 from specref.verification.laws.enumeration import compare, law
-from specref.verification.levels.runner import run_cases, sampled_verdict
+from specref.verification.levels.runner import program_plan, run_cases, sampled_verdict, target_null
 from specref.verification.running.calling import Misbehaved, call
-from specref.verification.running.level import Level
+from specref.verification.running.level import CasePlan, Level, fixed_reference
 from specref.verification.running.report import DIFFERS, INVALID, OK, CaseResult, law_verdict
+from specref.verification.statistics.counts import PLAN_POWER, planned_n
 from specref.verification.statistics.shards import tally
 
 __all__ = [
@@ -489,9 +489,9 @@ def _runner(program_of):
 
 def _point_mass_verdict(case, recipe, expected, settings, seed, *, ties="lowest"):
     """Statistical mode on a point mass: every sample must be the one output.  N detects an
-    implementation that strays with probability ``detect_tv`` with power 0.9 (no G-test: a
-    correct implementation never strays, so there is no false alarm to control)."""
-    n = settings.samples or math.ceil(math.log(0.1) / math.log1p(-settings.detect_tv))
+    implementation that strays with probability ``detect_tv`` with power :data:`PLAN_POWER` (no
+    G-test: a correct implementation never strays, so there is no false alarm to control)."""
+    n = planned_n(settings, target_null(expected))
     (only,) = expected
     t = tally(recipe, (only,), n, seed, executor=settings.executor, shard_blocks=settings.shard_blocks,
               store=settings.shard_store)
@@ -508,7 +508,7 @@ def _point_mass_verdict(case, recipe, expected, settings, seed, *, ties="lowest"
                 break
         detail += f"; most frequent: {out} ({count} times)"
     return CaseResult(case, DIFFERS if strays else OK, tv=strays / n, detail=detail, n_samples=n,
-                      p_value=0.0 if strays else 1.0, detectable_tv=1 - 0.1 ** (1 / n))
+                      p_value=0.0 if strays else 1.0, detectable_tv=1 - (1 - PLAN_POWER) ** (1 / n))
 
 
 def _recipe(program_of, fn, case, ties, time_limit):
@@ -561,11 +561,28 @@ def _step_of(step, case, ties, time_limit):
     return _step_program(step, case, time_limit)
 
 
+def _planner(program_of):
+    """A level's planner: N over the trees' argmax law under the declared ties, one call per sample."""
+
+    def planner(level: Level, fn, case, settings, seed: int) -> CasePlan:
+        ties = ties_of(fn)
+        return program_plan(_batch_law(case, ties), partial(_recipe, program_of, fn, case, ties, settings.time_limit),
+                            settings, seed)
+
+    return planner
+
+
+def _validated(level: Level, case, settings) -> None:
+    _validate(case)
+
+
 LEVELS = (
     Level("greedy_tree", "kernel(predicts [B N], accept_index [B, S], accept_token_num [B], candidates [B, N], "
                          "retrieve_index [B, N], retrieve_next_token [B, N], retrieve_next_sibling [B, N], "
-                         "target_predict [B, N]) in place", default_greedy_cases, _runner(_sglang_of)),
+                         "target_predict [B, N]) in place", default_greedy_cases, _runner(_sglang_of),
+          validate=_validated, reference=fixed_reference(greedy_reference), planner=_planner(_sglang_of)),
     Level("greedy_tree_step", "step(tree, p_target [N, V], rng) -> (path, next_token)", default_greedy_cases,
-          _runner(_step_of)),
+          _runner(_step_of), validate=_validated, reference=fixed_reference(greedy_step_reference),
+          planner=_planner(_step_of)),
 )
 """SGLang's greedy tree call and the one-tree step form; the argmax path under a declared tie rule."""

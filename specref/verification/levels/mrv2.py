@@ -72,9 +72,9 @@ from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
 from specref.decoding.batched import PLACEHOLDER, batched_step
 from specref.verification.levels.batched import LEVELS as _BATCHED
-from specref.verification.levels.batched import BatchedCase, default_batched_cases, run_batched
+from specref.verification.levels.batched import BatchedCase, batched_planner, default_batched_cases, run_batched
 from specref.verification.levels.engines import ExactLog
-from specref.verification.running.level import Level
+from specref.verification.running.level import Level, fixed_reference
 from specref.verification.running.report import Report
 
 __all__ = [
@@ -477,5 +477,8 @@ SIGNATURE = ("fn(target_logits [num_logits, V], draft_logits [max_num_reqs, K, V
              "[num_logits], expanded_local_pos [num_logits], temperature [max_num_reqs], seed [max_num_reqs], "
              "num_speculative_steps) -> (sampled [num_reqs, K + 1], num_sampled [num_reqs])")
 
-LEVELS = (Level("mrv2", SIGNATURE, default_mrv2_cases, run_mrv2),)
+LEVELS = (Level("mrv2", SIGNATURE, default_mrv2_cases, run_mrv2,
+                validate=lambda level, case, settings: _validate(case, settings.mode),
+                reference=fixed_reference(mrv2_reference),
+                planner=batched_planner("batched", lambda fn, case: (_MRV2Step(fn, case), case.law_case()))),)
 """vLLM Model Runner V2's call (:data:`SOURCE`), judged by the batched level's criterion."""

@@ -36,13 +36,14 @@ import numpy as np
 from specref.verification.laws.enumeration import compare, law
 from specref.core.errors import SpecrefError
 from specref.verification.running.calling import Misbehaved, cuda_started, run_case
+from specref.verification.running.level import CasePlan
 from specref.verification.running.progress import progress_bar
 from specref.verification.running.report import (DIFFERS, INTERNAL, OK, STATEFUL, TIMEOUT, CaseResult, Report, Settings,
                                                  law_verdict)
-from specref.verification.statistics.counts import compare_counts, detectable_tv, samples_needed
-from specref.verification.statistics.shards import tally, tally_blocks
+from specref.verification.statistics.counts import PLAN_POWER, compare_counts, detectable_tv, planned_n
+from specref.verification.statistics.shards import tally, timed_calls
 
-__all__ = ["run_cases", "isolated", "exact_verdict", "sampled_verdict", "samples_in_budget", "shape_key",
+__all__ = ["run_cases", "isolated", "exact_verdict", "sampled_verdict", "target_null", "program_plan", "samples_in_budget", "shape_key",
            "second_order", "PILOT", "ORDER_TRIES"]
 
 PILOT = 16  # samples in the timed pilot of a budgeted check (Settings.budget_s)
@@ -285,24 +286,35 @@ def samples_in_budget(pilot: Callable[[int], None], settings: Settings, started:
     return int(min(most, max(MIN_BUDGET_SAMPLES, left / max(per_sample, 1e-9))))
 
 
-def sampled_verdict(case, recipe, expected, settings: Settings, seed: int, *,
-                    run_blocks: Callable = tally_blocks) -> CaseResult:
-    """N samples of the program ``recipe()`` builds (where a shard runs), counted in seeded
-    blocks (:mod:`specref.verification.statistics.shards`: the same counts on any executor),
-    then a pooled G-test against ``expected`` with one extra bin for outputs it never makes.
-    ``run_blocks`` counts one shard (:func:`~specref.verification.statistics.shards.tally`'s
-    argument): the chain levels pass their own, which calls an implementation in batches."""
+def target_null(expected: dict) -> np.ndarray:
+    """The null of a G-test against the law ``expected``: its probabilities by sorted output, and one
+    last bin, of probability 0, for the outputs the target never makes."""
+    return np.array([float(expected[o]) for o in sorted(expected)] + [0.0])
+
+
+def program_plan(expected: dict, recipe: Callable, settings: Settings, seed: int) -> CasePlan:
+    """The plan of a statistical check by :func:`sampled_verdict` (one sample per call of the program
+    ``recipe()`` builds): N over ``expected``, timed as the check makes its calls."""
+    n = planned_n(settings, target_null(expected))
+    return CasePlan(len(expected), n, 1, n, timer=timed_calls(recipe, seed, 1))
+
+
+def sampled_verdict(case, recipe, expected, settings: Settings, seed: int) -> CaseResult:
+    """N samples of the program or :class:`~specref.verification.statistics.shards.Sampler` that
+    ``recipe()`` builds (where a shard runs), counted in seeded blocks
+    (:mod:`specref.verification.statistics.shards`: the same counts on any executor), then a pooled
+    G-test against ``expected`` with one extra bin for outputs it never makes."""
     started = time.perf_counter()
     outcomes = sorted(expected)
-    null = np.array([float(expected[o]) for o in outcomes] + [0.0])  # last bin: outputs the target never makes
+    null = target_null(expected)
     if settings.samples or settings.budget_s is None:
-        n = settings.samples or samples_needed(settings.detect_tv, settings.alpha, 0.9, len(null), null=null)
+        n = planned_n(settings, null)
     else:
-        n = samples_in_budget(lambda m: tally(recipe, outcomes, m, seed, run_blocks=run_blocks), settings, started,
+        n = samples_in_budget(lambda m: tally(recipe, outcomes, m, seed), settings, started,
                               most=MAX_BUDGET_SAMPLES)
     with progress_bar(n, f"{case.name}", enabled=settings.progress) as bar:
         t = tally(recipe, outcomes, n, seed, executor=settings.executor, shard_blocks=settings.shard_blocks,
-                  progress=bar, store=settings.shard_store, run_blocks=run_blocks)
+                  progress=bar, store=settings.shard_store)
     if t.misbehaved:
         _, status, detail = t.misbehaved
         return CaseResult(case, status, detail=detail)
@@ -310,7 +322,7 @@ def sampled_verdict(case, recipe, expected, settings: Settings, seed: int, *,
     est, detail = result.tv, f"{result.g}"
     if t.strays:
         detail += f"; outputs the target never makes: {dict(list(t.strays.items())[:3])}"
-    detectable = detectable_tv(n, settings.alpha, 0.9, len(null), null=null)
+    detectable = detectable_tv(n, settings.alpha, PLAN_POWER, len(null), null=null)
     spent = t.seconds.get("implementation")
     seconds = None if spent is None else {
         "implementation": spent / n, "oracle": max(0.0, time.perf_counter() - started - spent) / n}

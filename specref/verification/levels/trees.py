@@ -63,13 +63,13 @@ from specref.decoding.chain import next_token_probs
 from specref.decoding.tree import SCHEMES, draft_on_shape, draft_tree, tree_paths, tree_rows
 from specref.verification.running.calling import Misbehaved, call, foreign, short_repr
 from specref.verification.laws.enumeration import target_law
-from specref.verification.levels.runner import exact_verdict, run_cases, sampled_verdict
-from specref.verification.running.level import Level
+from specref.verification.levels.runner import exact_verdict, program_plan, run_cases, sampled_verdict
+from specref.verification.running.level import CasePlan, Level, Option, fixed_reference
 from specref.verification.running.report import INVALID
 from specref.verification.cases.tables import ProbTable
 
 __all__ = ["TreeCase", "tree_cases", "UserTreeCase", "user_tree_cases", "USER_DRAFTINGS", "TREE_TIES",
-           "from_coins", "sglang_style_kernel", "check_tree", "tree_program",
+           "from_coins", "sglang_style_kernel", "tree_program", "DRAFTING", "TREES_PER_CALL",
            "batched_reference_kernel", "tree_batch_program", "run_tree_batch", "parse_tree_output",
            "parse_tree_batch_output", "MAX_TREE_NODES"]
 
@@ -825,10 +825,11 @@ def _batch_recipe(kernel, case, batch, time_limit):
     return lambda rng, impl_seed: program(rng)
 
 
-def run_tree_batch(spec, kernel, cases, settings, *, batch: int = 2):
-    """The ``tree_batch`` level: exact (coins as lazy uniforms) or statistical, through the one runner;
-    the joint law is built inside the case, within ``max_paths`` (else ``over budget``)."""
-    check_positive_int("batch", batch)
+def run_tree_batch(spec: Level, kernel, cases, settings):
+    """The ``tree_batch`` level: exact (coins as lazy uniforms) or statistical, through the one runner,
+    with the level's ``batch`` trees per call (:data:`TREES_PER_CALL`); the joint law is built inside
+    the case, within ``max_paths`` (else ``over budget``)."""
+    batch = check_positive_int("batch", spec.option("batch"))
     return run_cases(spec, cases, settings, validate=_validate_batch, fn=kernel,
                      exact=lambda case: partial(_batch_exact, kernel, case, batch, settings),
                      statistical=lambda case, seed: partial(_batch_sampled, kernel, case, batch, settings, seed))
@@ -846,11 +847,43 @@ def _batch_sampled(kernel, case, batch, settings, seed):
     return sampled_verdict(case, recipe, expected, settings, seed)
 
 
+def _plan_tree(level: Level, fn, case, settings, seed: int) -> CasePlan:
+    """A statistical tree check: N over the case's target law, one block per call."""
+    run_case = case.as_float()
+    return program_plan(_budget(run_case, settings), partial(_statistical_program, fn, run_case, settings.time_limit),
+                        settings, seed)
+
+
+def _plan_tree_batch(level: Level, kernel, case, settings, seed: int) -> CasePlan:
+    """A statistical ``tree_batch`` check: N over the joint law of the level's ``batch`` blocks, one call each."""
+    batch, run_case = level.option("batch"), case.as_float()
+    return program_plan(_product(_budget(run_case, settings, batch), batch),
+                        partial(_batch_recipe, kernel, run_case, batch, settings.time_limit), settings, seed)
+
+
+def _positive_trees(batch) -> int:
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise SpecrefError(f"batch must be a positive integer, got {batch!r}")
+    return batch
+
+
+DRAFTING = Option("drafting", f"the default cases' drafting scheme, one of {SCHEMES}", default="topk",
+                  cases=tree_cases)
+"""``drafting``: the default tree cases drafted so (:func:`tree_cases`); cases handed in keep their own."""
+TREES_PER_CALL = Option("batch", "trees per call", phrase="batch (trees per call) applies", default=2,
+                        check=_positive_trees)
+"""``batch=B``: the ``tree_batch`` kernel gets ``B`` independent trees of a case per call."""
+
 LEVELS = (
     Level("tree", "tree_step_fn(tree, p_target [N, V], q_draft [N, V] | None, rng) -> (path, next_token)",
-          lambda: tree_cases("topk"), _run),
+          tree_cases, _run, validate=lambda level, case, settings: _validate(case),
+          reference=fixed_reference(from_coins(sglang_style_kernel)), planner=_plan_tree, options=(DRAFTING,),
+          shorthand="check_tree"),
     Level("tree_batch", "kernel(candidates [B, N], retrive_next_token [B, N], retrive_next_sibling [B, N], "
                         "uniform_samples [B, N], uniform_final [B], target_probs [B, N, V]) "
-                        "-> (accept_index [B, S], next_tokens [B])", lambda: tree_cases("topk"), run_tree_batch),
+                        "-> (accept_index [B, S], next_tokens [B])", tree_cases, run_tree_batch,
+          validate=lambda level, case, settings: _validate_batch(case),
+          reference=fixed_reference(batched_reference_kernel), planner=_plan_tree_batch, options=(TREES_PER_CALL,),
+          shorthand="check_tree_batch"),
 )
-"""The tree level, and dense batches of trees (B = 2 by default; ``check_tree_batch(batch=B)``)."""
+"""The tree level, and dense batches of trees (B = 2 by default; ``check("tree_batch", kernel, batch=B)``)."""

@@ -33,6 +33,8 @@ from specref.core.errors import SpecrefError, check_positive_int, check_prob_row
 from specref.core.numbers import is_exact
 
 __all__ = [
+    "PLAN_POWER",
+    "planned_n",
     "GTestResult",
     "TVEstimate",
     "CountComparison",
@@ -353,6 +355,21 @@ def samples_needed(
         else:
             lo = mid
     return hi
+
+
+PLAN_POWER = 0.9
+"""The power with which a statistical check's N detects a total variation of ``detect_tv``."""
+
+
+def planned_n(settings, null, *, alpha: float | None = None) -> int:
+    """N a statistical check plans for a law ``null`` (its last entries may be outcomes the target
+    never makes, of probability 0): ``settings.samples`` when given, else the :func:`samples_needed`
+    to detect TV >= ``settings.detect_tv`` with power :data:`PLAN_POWER` at ``alpha`` (by default
+    ``settings.alpha``).  ``settings`` is a :class:`~specref.verification.running.report.Settings`."""
+    if settings.samples:
+        return settings.samples
+    return samples_needed(settings.detect_tv, settings.alpha if alpha is None else alpha, PLAN_POWER, len(null),
+                          null=null)
 
 
 def detectable_tv(

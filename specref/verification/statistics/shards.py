@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 import pickle
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -33,7 +34,8 @@ from specref.core.errors import SpecrefError, check_positive_int
 from specref.verification.running.calling import implementation_seconds, Misbehaved, case_budget, case_time_left
 from specref.verification.running.report import TIMEOUT
 
-__all__ = ["BLOCK", "Tally", "block_rng", "tally", "tally_blocks", "shard_key", "check_executor", "check_travel", "WORKER_FAILED"]
+__all__ = ["BLOCK", "Tally", "Sampler", "ProgramSampler", "OutcomeCounter", "block_rng", "count_blocks", "tally",
+           "tally_blocks", "sampler_of", "calls_for", "timed_calls", "shard_key", "check_executor", "check_travel", "WORKER_FAILED"]
 
 #: Samples per block; fixed, so that results do not depend on how work is cut.
 BLOCK = 1024
@@ -80,41 +82,128 @@ def shard_key(seed: int, first: int, stop: int, n: int) -> str:
     return f"seed={seed}:blocks={first}-{stop}:n={n}"
 
 
-def tally_blocks(make_program: Callable, outcomes: tuple, seed: int, first: int, stop: int, n: int,
-                 budget: float = math.inf) -> Tally:
-    """Run blocks ``first..stop-1`` of an ``n``-sample check (runs in a worker).
+class Sampler:
+    """One case's calls of an implementation in statistical mode, as :func:`count_blocks` makes them.
 
-    ``make_program()`` builds ``program(rng, impl_seed) -> output`` where it runs, so
-    only the recipe travels; each sample gets the oracle's generator (for the draft
-    tokens the oracle itself draws) and an integer seed for the implementation.
-    ``budget``: seconds its case had left when the shard was sent.
+    A block of ``m`` samples first makes its own draws from its generator (``block(gen, m)``;
+    by default none: the generator itself), then calls the implementation on samples ``a..b-1``
+    of the block, ``per_call`` at a time (``call(drawn, a, b) -> outputs``); ``counter(outcomes)``
+    counts the outputs.  A level builds its sampler where a shard runs (the recipe travels, the
+    sampler does not).  ``names_calls``: a misbehaviour's detail names the call's samples.
+    """
+
+    per_call: int = 1
+    names_calls: bool = False
+
+    def block(self, gen: np.random.Generator, m: int):
+        return gen
+
+    def call(self, drawn, a: int, b: int) -> list:
+        raise NotImplementedError
+
+    def counter(self, outcomes: tuple) -> "OutcomeCounter":
+        return OutcomeCounter(outcomes)
+
+
+class ProgramSampler(Sampler):
+    """One sample per call of ``program(rng, impl_seed) -> output``: each sample draws the
+    implementation's integer seed from the block's generator, then the program draws from it too
+    (the draft tokens and completions the oracle itself draws)."""
+
+    def __init__(self, program: Callable):
+        self.program = program
+
+    def call(self, gen, a: int, b: int) -> list:
+        return [self.program(gen, int(gen.integers(2**63)))]
+
+
+class OutcomeCounter:
+    """Counts of outputs over ``outcomes``, and of the outputs outside them (the last bin, and by output)."""
+
+    def __init__(self, outcomes: tuple):
+        self.index = {o: i for i, o in enumerate(outcomes)}
+        self.counts = np.zeros(len(outcomes) + 1, dtype=np.int64)
+        self.strays: dict = {}
+
+    def add(self, outs) -> None:
+        for out in outs:
+            i = self.index.get(out)
+            if i is None:
+                self.strays[out] = self.strays.get(out, 0) + 1
+                i = len(self.index)
+            self.counts[i] += 1
+
+    def result(self) -> tuple[np.ndarray, dict]:
+        return self.counts, self.strays
+
+
+def count_blocks(sampler: Sampler, outcomes: tuple, seed: int, first: int, stop: int, n: int) -> Tally:
+    """Blocks ``first..stop-1`` of an ``n``-sample check, counted: the one block tally.
+
+    Block ``j`` draws from :func:`block_rng` ``(seed, j)`` (``sampler.block``), then its samples are
+    called ``sampler.per_call`` at a time (the last call of a block may be shorter; no call spans two
+    blocks), so its counts do not depend on the shard it is in.  A misbehaviour stops the shard at
+    the sample it concerns (a call's first sample, or the row its output got wrong).
+    """
+    started, spent = time.perf_counter(), implementation_seconds()
+    counter = sampler.counter(outcomes)
+    done, bad = 0, None
+    for j in range(first, stop):
+        lo = j * BLOCK
+        m = min(n, lo + BLOCK) - lo
+        drawn = sampler.block(block_rng(seed, j), m)
+        for a in range(0, m, sampler.per_call):
+            b = min(a + sampler.per_call, m)
+            try:
+                outs = sampler.call(drawn, a, b)
+            except Misbehaved as e:
+                named = f" (the call for samples {lo + a}..{lo + b - 1})" if sampler.names_calls else ""
+                bad = (lo + a + getattr(e, "row", 0), e.status, e.detail + named)
+                break
+            counter.add(outs)
+            done += b - a
+        if bad is not None:
+            break
+    counts, strays = counter.result()
+    return Tally(counts, strays, done, bad, {"implementation": implementation_seconds() - spent,
+                                             "shards": time.perf_counter() - started})
+
+
+def tally_blocks(make_sampler: Callable, outcomes: tuple, seed: int, first: int, stop: int, n: int,
+                 budget: float = math.inf) -> Tally:
+    """Run blocks ``first..stop-1`` of an ``n``-sample check (runs in a worker): :func:`count_blocks`.
+
+    ``make_sampler()`` builds, where it runs, a :class:`Sampler`, or ``program(rng, impl_seed) ->
+    output`` (a :class:`ProgramSampler`: each sample gets the oracle's generator and an integer seed
+    for the implementation), so only the recipe travels.  ``budget``: seconds its case had left
+    when the shard was sent.
     """
     with case_budget(budget):
-        return _tally_blocks(make_program, outcomes, seed, first, stop, n)
+        return count_blocks(sampler_of(make_sampler()), outcomes, seed, first, stop, n)
 
 
-def _tally_blocks(make_program, outcomes, seed, first, stop, n) -> Tally:
-    spent = implementation_seconds()
-    program = make_program()
-    index = {o: i for i, o in enumerate(outcomes)}
-    counts = np.zeros(len(outcomes) + 1, dtype=np.int64)
-    strays: dict = {}
-    done = 0
-    for j in range(first, stop):
-        gen = block_rng(seed, j)
-        for s in range(j * BLOCK, min(n, (j + 1) * BLOCK)):
-            try:
-                out = program(gen, int(gen.integers(2**63)))
-            except Misbehaved as m:
-                return Tally(counts, strays, done, (s, m.status, m.detail),
-                             {"implementation": implementation_seconds() - spent})
-            i = index.get(out)
-            if i is None:
-                strays[out] = strays.get(out, 0) + 1
-                i = len(outcomes)
-            counts[i] += 1
-            done += 1
-    return Tally(counts, strays, done, seconds={"implementation": implementation_seconds() - spent})
+def sampler_of(made) -> Sampler:
+    """``made`` itself when it is a :class:`Sampler`; a program ``(rng, impl_seed) -> output`` as a :class:`ProgramSampler`."""
+    return made if isinstance(made, Sampler) else ProgramSampler(made)
+
+
+def calls_for(n: int, per_call: int) -> int:
+    """Calls that cover ``n`` samples: blocks of :data:`BLOCK`, each cut into calls of ``per_call``
+    (no call spans two blocks)."""
+    full, rest = divmod(n, BLOCK)
+    return full * math.ceil(BLOCK / per_call) + math.ceil(rest / per_call)
+
+
+def timed_calls(make_sampler: Callable, seed: int, per_call: int) -> Callable[[int], Callable]:
+    """A plan's timer (:class:`~specref.verification.running.level.CasePlan`): ``timer(calls)``
+    builds the sampler (:func:`sampler_of` what ``make_sampler()`` makes) and draws ``(calls + 1) x per_call`` samples as block 0 of a check seeded
+    ``seed`` draws them; its ``call(i)`` makes call ``i`` on samples of its own."""
+    def timer(calls: int) -> Callable[[int], list]:
+        sampler = sampler_of(make_sampler())
+        drawn = sampler.block(block_rng(seed, 0), (calls + 1) * per_call)
+        return lambda i: sampler.call(drawn, i * per_call, (i + 1) * per_call)
+
+    return timer
 
 
 def check_executor(executor):
@@ -146,9 +235,8 @@ def tally(make_program: Callable, outcomes, n: int, seed: int, *, executor=None,
     Without ``executor`` the shards run here, one after another, through the same code.
     ``store`` (a mutable mapping, for example a sweep's JSON record) keeps each finished
     shard under :func:`shard_key`; shards found there are not run again.
-    ``run_blocks`` counts one shard where it runs, with :func:`tally_blocks`'s signature and
-    a tally of ``len(outcomes) + 1`` bins; a level that draws many samples per call
-    (the batched levels) passes its own, which draws block ``j`` from :func:`block_rng`.
+    ``make_program()`` builds a :class:`Sampler` (or a program) where a shard runs;
+    ``run_blocks`` counts one shard there, with :func:`tally_blocks`'s signature (the default).
     """
     n = check_positive_int("n", n)
     shard_blocks = check_positive_int("shard_blocks", shard_blocks)
