@@ -74,7 +74,7 @@ class Timed:
 
     def __init__(self, model):
         self.model, self.seconds, self.calls = model, 0.0, 0
-        self.vocab_size = getattr(model, "vocab_size", None) or getattr(model, "n_vocab")
+        self.vocab_size = getattr(model, "vocab_size", None) or model.n_vocab
         self.ends = []  # perf_counter at the end of each call
 
     def __call__(self, tokens):
@@ -360,8 +360,11 @@ def _temperatures(text):
     return names
 
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m specref.bench", description=__doc__.split("\n")[0])
+PROG = "python -m specref.bench"  # the command's name in its usage and JSON record; ``specref bench`` passes its own
+
+
+def parse_args(argv, *, prog: str = PROG):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--target", choices=["wide", "small"], default="wide", help="the wide target, 227 MB float32, far beyond the caches (default), or the small one")
     ap.add_argument("--backend", choices=["numpy", "torch"], default="numpy", help="array library of the transformers")
     ap.add_argument("--ks", type=_int_list("ks", 1, 16), default=list(range(1, 9)), help="draft lengths (default 1..8)")
@@ -382,21 +385,21 @@ def parse_args(argv):
     return args
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, prog: str = PROG) -> int:
     from threadpoolctl import threadpool_limits
 
-    args = parse_args(argv)
+    args = parse_args(argv, prog=prog)
     # one BLAS thread: with two threads on two cores that anything else touches, a
     # forward call can stall for 5x its time (measured), which would swamp the comparison
     with threadpool_limits(limits=1, user_api="blas"):
         try:
-            return _main(args, argv)
+            return _main(args, argv, prog)
         except SpecrefError as e:
-            print(f"python -m specref.bench: error: {e}", file=sys.stderr)
+            print(f"{prog}: error: {e}", file=sys.stderr)
             return 2
 
 
-def _main(args, argv) -> int:
+def _main(args, argv, prog: str = PROG) -> int:
     t_start = time.perf_counter()
     n_ctx = max(128, PROMPT_LENGTH + max(args.tokens) + max(args.ks) + 2)  # 128: the trained window
     target, drafts, facts = models(args.target, args.backend, n_ctx)
@@ -415,7 +418,7 @@ def _main(args, argv) -> int:
               flush=True)
     cells = _cells(args, target, drafts, configs, prompt, pil)
     batches = _batches(args, drafts, configs, pil, n_ctx)
-    report = _report(args, argv, cells, batches, pil, machine, facts, configs, t_start)
+    report = _report(args, argv, cells, batches, pil, machine, facts, configs, t_start, prog)
     print(f"peak memory {report['peak_memory_mib']:.0f} MiB; {report['seconds']:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
@@ -454,7 +457,7 @@ def _cells(args, target, drafts, configs, prompt, pil) -> list:
 
 def _batches(args, drafts, configs, pil, n_ctx) -> list:
     """Batched serving at T = 1 with the small transformer draft at its rule K (empty otherwise)."""
-    batches = []
+    batches: list[dict] = []
     if "transformer-small" not in drafts or "1" not in configs:
         return batches
     k = pil["drafts"]["transformer-small|1"]["k_rule"]
@@ -473,7 +476,7 @@ def _batches(args, drafts, configs, pil, n_ctx) -> list:
     return batches
 
 
-def _report(args, argv, cells, batches, pil, machine, facts, configs, t_start) -> dict:
+def _report(args, argv, cells, batches, pil, machine, facts, configs, t_start, prog: str = PROG) -> dict:
     """The JSON record: the cells with their model agreement, the pairs figure 4 draws, the machine."""
     for c in cells:
         for key in ("speedup_model", "speedup_calls"):
@@ -485,7 +488,7 @@ def _report(args, argv, cells, batches, pil, machine, facts, configs, t_start) -
               "best_k": c["best_k"], "best_speedup": c["best_speedup"]}
              for c in cells if c["temperature"] == ("1" if "1" in configs else args.temperatures[0]) and c["tokens"] == longest]
     return {
-        "command": "python -m specref.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": f"{prog} " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine, "target": facts,
         "config": {"ks": args.ks, "tokens": args.tokens, "temperatures": args.temperatures, "repeats": args.repeats,
                    "batch": args.batch, "prompt_length": PROMPT_LENGTH},

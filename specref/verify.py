@@ -29,6 +29,10 @@ levels: ``check(..., batch=N)``), and ``--rules ITEM ...`` declares its sampler,
 :class:`~specref.verification.cases.rules.Rules`: ``name=value`` items, e.g.
 ``--rules order=top_k,top_p,min_p,temperature top_p_ties=lowest_id``.  A bad value of
 either is a usage error (exit status 2, the message naming it).
+
+The same jobs are subcommands of the ``specref`` command (:mod:`specref.cli`): ``specref selftest``
+(1-4 above), ``specref check --impl ...`` and ``specref sweep FILE``; both run the functions here
+(:func:`selftest`, :func:`check_outside`, :func:`run_sweep_file`).
 """
 
 from __future__ import annotations
@@ -233,10 +237,9 @@ def larger() -> list[Scenario]:
         else:
             target = NGramModel.random(order=2, vocab_size=V, seed=1000 + V)
             draft = NGramModel.random(order=2, vocab_size=V, seed=2000 + V, zero_frac=0.3)
-        if exact:
-            target, draft = target.exact, draft.exact
+        models = (target.exact, draft.exact) if exact else (target, draft)
         name = f"{'rational ' if exact else ''}larger bigram V={V} {config_name(config)} K={k} n={n}"
-        out.append(decoder_law_scenario(name, target, draft, [0], k=k, config=config, max_new_tokens=n,
+        out.append(decoder_law_scenario(name, models[0], models[1], [0], k=k, config=config, max_new_tokens=n,
                                         key=ngram_key(2, [0])))
     return out
 
@@ -539,25 +542,13 @@ def check_outside(spec: str, level: str, mode: str, samples: int | None, *, isol
     ``--rules`` text) and ``batch`` are :func:`~specref.verification.oracle.check`'s.
     """
     from specref.verification import oracle
-    from specref.verification.running.calling import describe, load_implementation
+    from specref.verification.running.calling import describe
     from specref.verification.running.report import INTERNAL
 
-    from specref.verification.cases.rules import parse_rules
-
-    if ":" not in spec or not all(spec.partition(":")[::2]):
-        print(f"--impl must look like module:function, got {spec!r}", file=sys.stderr)
+    loaded = load_outside(spec, level, rules=rules, batch=batch, isolate=isolate)
+    if loaded is None:
         return EXIT_ERROR
-    try:  # the declarations are the user's: checked before the implementation is imported
-        rules = parse_rules(rules) if isinstance(rules, (str, list, tuple)) else rules
-        oracle.declared(level, _not_yet_imported, rules=rules, batch=batch)
-    except SpecrefError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    try:
-        fn = load_implementation(spec, probe=isolate)
-    except SpecrefError as e:
-        print(str(e), file=sys.stderr)
-        return EXIT_ERROR
+    fn, rules = loaded
     try:
         report = oracle.check(level, fn, mode=mode, samples=samples, isolate=isolate, rules=rules, batch=batch,
                               **settings)
@@ -577,6 +568,42 @@ def check_outside(spec: str, level: str, mode: str, samples: int | None, *, isol
     if any(r.status == INTERNAL for r in report.results):
         return EXIT_ERROR
     return EXIT_PRESERVES if report.ok else EXIT_DIFFERS
+
+
+def load_outside(spec: str, level: str, *, rules=None, batch: int | None = None, isolate: bool = True):
+    """``(fn, rules)``: the implementation named ``module:function`` and its ``rules`` parsed;
+    ``None`` after printing why to stderr (a usage error: exit 2).  The module is imported first in
+    a forked worker unless ``isolate`` is False.  The declarations are validated at ``level``
+    before the module is imported -- or, for a level not registered yet, after it: the module may
+    register it (:func:`specref.register`); if it does not, the error lists the registered levels."""
+    from specref.verification import oracle
+    from specref.verification.cases.rules import parse_rules
+    from specref.verification.levels import LEVELS
+    from specref.verification.running.calling import load_implementation
+
+    if ":" not in spec or not all(spec.partition(":")[::2]):
+        print(f"--impl must look like module:function, got {spec!r}", file=sys.stderr)
+        return None
+    known = level in LEVELS
+    try:  # the declarations are the user's: checked before the implementation is imported
+        rules = parse_rules(rules) if isinstance(rules, (str, list, tuple)) else rules
+        if known:
+            oracle.declared(level, _not_yet_imported, rules=rules, batch=batch)
+    except SpecrefError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    try:
+        fn = load_implementation(spec, probe=isolate)
+    except SpecrefError as e:
+        print(str(e), file=sys.stderr)
+        return None
+    try:  # a level the module just imported registered, or an error that names the registered levels
+        if not known:
+            oracle.declared(level, _not_yet_imported, rules=rules, batch=batch)
+    except SpecrefError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    return fn, rules
 
 
 def _not_yet_imported(*args, **kwargs):
@@ -618,51 +645,73 @@ def main(argv=None) -> int:
         ap.error(f"--samples must be a positive integer, got {args.samples}")  # exits 2
     if (args.batch is not None or args.rules) and not args.impl:
         ap.error("--batch and --rules declare an implementation: they go with --impl")  # exits 2
+    if args.sweep:
+        job = partial(run_sweep_file, args.sweep, out=args.out, progress=not args.no_progress,
+                      isolate=not args.no_isolate)
+    elif args.impl:
+        job = partial(check_args, args)
+    else:
+        job = partial(selftest, quick=args.quick, scenario=args.scenario, json_path=args.json,
+                      progress=not args.no_progress,
+                      command="python -m specref.verify " + " ".join(argv or sys.argv[1:]))
+    return with_executor(job, workers=args.workers, scheduler=args.scheduler)
+
+
+def with_executor(job, *, workers: int = 1, scheduler: str | None = None) -> int:
+    """``job(executor=...)``'s exit status, on the executor that ``--workers`` / ``--scheduler`` ask for
+    (``None``: run here); an error of specref's (an unreachable scheduler, a bad sweep file) exits 2,
+    and so does an implementation's ``SystemExit`` that got past the oracle (never its exit status).
+    The ``specref`` command's subcommands run through here too (:mod:`specref.cli`)."""
     try:
-        with _executor(args) as executor:
-            return _main(args, argv, executor)
+        with executor_for(workers, scheduler) as executor:
+            return job(executor=executor)
     except SpecrefError as e:  # unreachable scheduler, bad sweep file, ...
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except SystemExit as e:  # an implementation's exit that got past the oracle: never its exit status
         print(f"internal error: SystemExit({e.code!r}) escaped the oracle", file=sys.stderr)
         return EXIT_ERROR
 
 
-def _executor(args):
-    """The executor that --workers / --scheduler ask for (None: run here)."""
+def executor_for(workers: int = 1, scheduler: str | None = None):
+    """The executor that --workers / --scheduler ask for (None: run here), as a context manager."""
     from contextlib import nullcontext
 
     from specref.adapters.cluster import dask_executor, local_pool
 
-    if args.scheduler:
-        return dask_executor(args.scheduler)
-    return local_pool(args.workers) if args.workers > 1 else nullcontext(None)
+    if scheduler:
+        return dask_executor(scheduler)
+    return local_pool(workers) if workers > 1 else nullcontext(None)
 
 
-def _main_impl(args, executor) -> int:
-    """``--impl``: :func:`check_outside` with the command line's settings and declarations."""
+def check_args(args, executor=None) -> int:
+    """``--impl`` (and ``specref check``): :func:`check_outside` with the command line's settings and
+    declarations (the two parsers name them alike)."""
     extra = {"executor": executor} if executor is not None and args.mode == "statistical" else {}
     return check_outside(args.impl, args.level, args.mode, args.samples, isolate=not args.no_isolate,
                          json_path=args.json, time_limit=args.time_limit, rules=args.rules, batch=args.batch, **extra)
 
 
-def _main(args, argv, executor) -> int:
-    if args.sweep:
-        from specref.verification.campaigns.sweep import load_sweep, run_sweep, sweep_table
+def run_sweep_file(path: str, *, out: str | None = None, executor=None, progress: bool = True,
+                   isolate: bool = True) -> int:
+    """``--sweep FILE``: run the sweep, print its table; 0 every cell ok, 1 one differs or misbehaves,
+    2 an internal error (a bad file is a SpecrefError: :func:`with_executor` makes it 2)."""
+    from specref.verification.campaigns.sweep import load_sweep, run_sweep, sweep_table
 
-        record = run_sweep(load_sweep(args.sweep), out=args.out, executor=executor, progress=not args.no_progress,
-                           isolate=not args.no_isolate)
-        print(sweep_table(record))
-        if args.out:
-            print(f"wrote {args.out}")
-        results = [c["result"] for c in record["cells"].values()]
-        if any(r["status"] == "internal error" for r in results):
-            return EXIT_ERROR
-        return EXIT_PRESERVES if all(r["ok"] for r in results) else EXIT_DIFFERS
-    if args.impl:
-        return _main_impl(args, executor)
+    record = run_sweep(load_sweep(path), out=out, executor=executor, progress=progress, isolate=isolate)
+    print(sweep_table(record))
+    if out:
+        print(f"wrote {out}")
+    results = [c["result"] for c in record["cells"].values()]
+    if any(r["status"] == "internal error" for r in results):
+        return EXIT_ERROR
+    return EXIT_PRESERVES if all(r["ok"] for r in results) else EXIT_DIFFERS
 
+
+def selftest(*, quick: bool = False, scenario: str | None = None, json_path: str | None = None,
+             progress: bool = True, executor=None, command: str = "python -m specref.verify") -> int:
+    """The self-check (the module docstring's 1-4): 0 when it passes, 1 when it fails, 2 when
+    ``scenario`` matches no scenario.  ``command`` is what the JSON record says was run."""
     t0 = time.perf_counter()
     print("1. SPEC §3 worked example, exact rationals")
     we = worked_example()
@@ -671,21 +720,21 @@ def _main(args, argv, executor) -> int:
         print(f"   {name:<26} [{', '.join(we[key])}]")
     for check, ok in we["checks"].items():
         print(f"   {'ok  ' if ok else 'FAIL'} {check}")
-    mb = mass_balance(200 if args.quick else 2000, seed=2026)
+    mb = mass_balance(200 if quick else 2000, seed=2026)
     print(f"\n2. single-step mass balance on {mb['cases']} random rational (p, q) "
           f"({mb['with_rejection']} with rejections): {'exact for all' if mb['ok'] else 'FAILED'}"
           f"{'' if mb['ok'] else ': ' + str(mb['failures'][:3])}")
 
     scenarios = matrix() + controls()
-    if args.quick:
+    if quick:
         scenarios = [s for s in scenarios if s.quick]
-    if args.scenario:
-        scenarios = [s for s in scenarios if args.scenario in s.name]
+    if scenario:
+        scenarios = [s for s in scenarios if scenario in s.name]
         if not scenarios:
-            print(f"no scenario matches {args.scenario!r}", file=sys.stderr)
+            print(f"no scenario matches {scenario!r}", file=sys.stderr)
             return 2
     print(f"\n3-4. scenario matrix ({len(scenarios)} scenarios): TV(speculative, target) exactly")
-    rows = run_scenarios(scenarios, progress=not args.no_progress, executor=executor)
+    rows = run_scenarios(scenarios, progress=progress, executor=executor)
     correct = [r for r in rows if r["kind"] == "correct"]
     controls_ = [r for r in rows if r["kind"] == "control"]
     ok = we["ok"] and mb["ok"] and all(r["ok"] for r in rows)
@@ -694,16 +743,16 @@ def _main(args, argv, executor) -> int:
           f"{sum(r['ok'] for r in controls_)}/{len(controls_)} negative controls detected, "
           f"{sum(r['kind'] == 'approximate' for r in rows)} approximate algorithms reported; "
           f"{seconds:.1f} s. {'PASS' if ok else 'FAIL'}")
-    if args.json:
+    if json_path:
         report = {
-            "ok": ok, "seconds": round(seconds, 2), "command": "python -m specref.verify " + " ".join(argv or sys.argv[1:]),
+            "ok": ok, "seconds": round(seconds, 2), "command": command,
             "machine": {"platform": platform.platform(), "python": platform.python_version(),
                         "numpy": np.__version__},
             "worked_example": we, "mass_balance": mb, "scenarios": rows,
         }
-        with open(args.json, "w") as f:
+        with open(json_path, "w") as f:
             json.dump(report, f, indent=1, default=str)
-        print(f"wrote {args.json}")
+        print(f"wrote {json_path}")
     return 0 if ok else 1
 
 

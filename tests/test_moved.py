@@ -36,3 +36,15 @@ def test_rooms_keep_their_0_2_names_without_an_alias():
 def test_an_unknown_old_path_is_still_an_import_error():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("specref.verification.no_such_module")
+
+
+def test_the_aliases_live_for_one_release_the_one_their_warning_names():
+    """0.3 keeps the 0.2 paths, 0.4 removes them (CHANGELOG.md): the warning names this release,
+    and from 0.4 on this test fails until specref/verification/_moved.py is gone."""
+    import specref
+
+    release = ".".join(specref.__version__.split(".")[:2])
+    assert release == "0.3", f"specref {specref.__version__} removes the 0.2 paths: delete verification/_moved.py"
+    sys.modules.pop("specref.verification.sweep", None)
+    with pytest.warns(DeprecationWarning, match=rf"in specref {release}; the old path goes in 0\.4"):
+        importlib.import_module("specref.verification.sweep")

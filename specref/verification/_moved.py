@@ -1,5 +1,8 @@
 """0.2's flat module paths, kept for one version: importing one gives the module at its new
-path and a ``DeprecationWarning`` naming that path.
+path and a ``DeprecationWarning`` naming that path.  They import in 0.3 and are removed in 0.4
+(``CHANGELOG.md``; ``tests/test_moved.py`` fails once the version reaches 0.4 with this table
+still here).  This module is the whole of that decision: delete it, and its ``install()`` call in
+:mod:`specref.verification`, to remove them.
 
 The alias is a meta-path finder, so no module file stands at an old path and no module of
 the package imports an old path (``tests/test_layers.py`` checks both).
