@@ -46,10 +46,10 @@ __all__ = ["SamplingConfig", "process", "process_probs", "GREEDY"]
 class SamplingConfig:
     """Sampling settings shared by draft and target (SPEC §2)."""
 
-    temperature: float = 1.0  # T > 0 divides the logits; 0 means greedy (argmax, lowest id on ties)
+    temperature: float | Fraction = 1.0  # T > 0 divides the logits; 0 means greedy (argmax, lowest id on ties)
     top_k: int | None = None  # keep the k most probable tokens (ties kept); None: off
-    top_p: float = 1.0  # nucleus: smallest prefix reaching this mass; 1.0: off
-    min_p: float = 0.0  # keep p >= min_p * max(p); 0.0: off
+    top_p: float | Fraction = 1.0  # nucleus: smallest prefix reaching this mass; 1.0: off
+    min_p: float | Fraction = 0.0  # keep p >= min_p * max(p); 0.0: off
 
     def __post_init__(self):
         for name, allowed in (("temperature", Real), ("top_p", Real), ("min_p", Real)):

@@ -142,7 +142,7 @@ class DraftTree:
     def check_distinct_children(self, what: str = "this algorithm") -> None:
         """SpecrefError naming the node when two children of one node carry the same token."""
         for node, kids in enumerate(self._tables()[0]):
-            seen = {}
+            seen: dict[int, int] = {}
             for c in kids:
                 t = self.tokens[c]
                 if t in seen:
@@ -294,7 +294,7 @@ def _sglang_walk(candidates, retrive_next_token, retrive_next_sibling, *, paddin
                            f"got {n}, {len(first)}, {len(sibling)}")
     if n < 1:
         raise SpecrefError("a draft tree needs at least the root node 0, got candidates=()")
-    parents = [None] * n
+    parents: list[int | None] = [None] * n
     parents[0] = -1
     stack = [0]
     while stack:

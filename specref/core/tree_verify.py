@@ -242,7 +242,8 @@ def kseq_verify(tree: DraftTree, p_target, q_draft, rng, *, check: bool = True):
     """
     if check:
         p_target, q_draft = _need_q(tree, p_target, q_draft, "kseq_verify")
-    path, node = [], ROOT
+    path: list[int] = []
+    node = ROOT
     while True:
         p, q, kids = p_target[node], q_draft[node], tree.children(node)
         if not kids:
@@ -388,7 +389,7 @@ class _Traversal:
 
     def __init__(self, tree: DraftTree, p_target, q_draft):
         self.tree = tree
-        self.kids = [[] for _ in range(tree.size)]
+        self.kids: list[list[int]] = [[] for _ in range(tree.size)]
         for i in range(1, tree.size):
             self.kids[tree.parents[i]].append(i)
         self.mb = [row.copy() for row in p_target]

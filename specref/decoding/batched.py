@@ -38,7 +38,7 @@ bfloat16 rows are refused (their rounding moves the law by more than specref can
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import types
 
@@ -72,9 +72,9 @@ class BatchedSteps(NamedTuple):
     then one residual or bonus token; ``n_emitted = n_accepted + 1``.
     """
 
-    tokens: object  # [B, K+1] int64, placeholder after the last emitted token
-    n_accepted: object  # [B] int64
-    n_emitted: object  # [B] int64
+    tokens: Any  # [B, K+1] int64, placeholder after the last emitted token
+    n_accepted: Any  # [B] int64
+    n_emitted: Any  # [B] int64
 
 
 def row_tolerance(dtype, V: int) -> float:

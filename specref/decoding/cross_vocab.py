@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any, Callable
 
 import numpy as np
 
@@ -178,8 +179,8 @@ class _Setting:
 
     target_rows: _Rows
     draft_rows: _Rows
-    target_tokenizer: object
-    draft_tokenizer: object
+    target_tokenizer: Any  # anything with encode(text) -> ids and decode(ids) -> text
+    draft_tokenizer: Any
     prompt: list
     k: int
     max_new_tokens: int
@@ -251,7 +252,7 @@ def _new_text_alone(s: _Setting, committed: list, text: str) -> list[int]:
 
 def _slem_block(s: _Setting, committed: list, rng, match, candidates_of, stats):
     context = s.draft_context(committed)
-    drafted = []
+    drafted: list[int] = []
     for _ in range(s.k):  # K draft tokens of the draft's own vocabulary, each ~ q
         drafted.append(draw(rng, s.draft_rows.last(context + drafted, 1)[0]))
     text = s.draft_tokenizer.decode(drafted)
@@ -294,7 +295,9 @@ def _reference_step(p_target, q_draft, draft_tokens, rng):
 
 def _tli_block(s: _Setting, inter: Intersection, committed: list, rng, restrict, step, stats):
     context = s.draft_context(committed)
-    drafted_d, drafted_t, q_rows = [], [], []
+    drafted_d: list[int] = []
+    drafted_t: list[int] = []
+    q_rows: list = []
     for _ in range(s.k):
         proposal = restrict(s.draft_rows.last(context + drafted_d, 1)[0], inter)
         if proposal is None:  # the draft gives T ∩ D no mass here: stop drafting
@@ -343,7 +346,7 @@ def _iteration(s: _Setting, block_of):
         block = block_of(s.prompt + list(generated), rng, stats)
         return _kept(tuple(generated), block, s)
 
-    iteration.setting = s
+    iteration.setting = s  # type: ignore[attr-defined]  # _decode reads the checked setting back
     return iteration
 
 
@@ -402,11 +405,11 @@ def transition_decode(transition, *, name: str | None = None):
             out += [int(x) for x in block]
         return out
 
-    decode.__name__ = name or getattr(transition, "__name__", "decode")
+    decode.__name__ = name if name else str(getattr(transition, "__name__", "decode"))
     return decode
 
 
-ALGORITHMS = {"slem": slem_decode, "tli": tli_decode}
+ALGORITHMS: dict[str, Callable[..., DecodeResult]] = {"slem": slem_decode, "tli": tli_decode}
 """The reference cross-vocabulary decodes by name."""
 
 

@@ -119,7 +119,7 @@ def batched_speculative_decode(target, draft, prompts, *, k: int, config: Sampli
     live = [b for b in range(B) if max_new_tokens > 0]
     while live:
         seqs = {b: prompts[b] + res.tokens[b] for b in live}
-        drafts = {b: [] for b in live}
+        drafts: dict[int, list[int]] = {b: [] for b in live}
         q = []  # K x [A, V]
         for _ in range(k):
             rows = _rows(draft, [seqs[b] + drafts[b] if b in seqs else None for b in range(B)], 1, config, "draft")

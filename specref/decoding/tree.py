@@ -75,7 +75,8 @@ def draft_tree(widths, draft_row, scheme: str, rng):
     widths = tuple(check_positive_int("widths[i]", w) for w in widths)
     if not widths:
         raise SpecrefError("widths must hold at least one level, got ()")
-    parents, tokens, paths = [-1], [-1], [()]
+    parents, tokens = [-1], [-1]
+    paths: list[tuple[int, ...]] = [()]
     q_rows = [draft_row(())]
     level = [0]
     for w in widths:
@@ -189,7 +190,8 @@ def tree_decode(target, draft, prompt, *, widths, scheme, verify, config: Sampli
     """
     iteration = tree_transition(target, draft, prompt, widths=widths, scheme=scheme, verify=verify,
                                 config=config, max_new_tokens=max_new_tokens, stop_tokens=stop_tokens)
-    tokens, accepted = [], []
+    tokens: list[int] = []
+    accepted: list[int] = []
     state = () if max_new_tokens > 0 else None
     while state is not None:
         before = len(tokens)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import types
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from array_api_compat import device as _device
@@ -74,8 +74,8 @@ class StepSamples(NamedTuple):
     accepted draft tokens, then one residual or bonus token.
     """
 
-    tokens: object  # [n, K+1] int64, -1 after the last emitted token
-    n_emitted: object  # [n] int64, accepted draft tokens + 1
+    tokens: Any  # [n, K+1] int64, -1 after the last emitted token
+    n_emitted: Any  # [n] int64, accepted draft tokens + 1
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from typing import Literal
 
 import numpy as np
 
@@ -117,7 +118,7 @@ def strategy_cases(level: str, n: int, *, seed: int = 20261129) -> list[Case]:
     from specref.verification.cases import strategies  # hypothesis is imported only when cases are drawn
 
     _check_level(level)
-    kind = "logits" if level == "logits" else "probs"
+    kind: Literal["probs", "logits"] = "logits" if level == "logits" else "probs"
     pairs = strategies.table_model_pairs(vocab_size=3, exact=kind == "probs", kind=kind)
     configs = strategies.sampling_configs(vocab_size=3) if level == "logits" else st.just(SamplingConfig())
     drawn = []

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from fractions import Fraction
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -132,7 +132,7 @@ def parse_rules(text) -> Rules:
     known = ("order", *CONVENTIONS)
     if not items:
         raise SpecrefError(f"rules text is empty; give name=value items, name one of {', '.join(known)}")
-    given = {}
+    given: dict[str, Any] = {}
     for item in items:
         name, eq, value = item.partition("=")
         if not eq or not value:
@@ -285,7 +285,7 @@ class RuledModel:
     def __init__(self, model, rules, config: SamplingConfig):
         self.model, self.rules, self.config = model, _check_rules(rules), config
         self.vocab_size = getattr(model, "vocab_size", None)
-        self._memo = {}  # rows per context: an enumeration asks for the same prefixes again and again
+        self._memo: dict = {}  # rows per context: an enumeration asks for the same prefixes again and again
 
     def probs(self, tokens):  # [n] -> [n, V]
         key = tuple(int(t) for t in tokens)

@@ -40,7 +40,7 @@ imports it.
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from hypothesis import strategies as st
@@ -453,6 +453,10 @@ def sampling_configs(
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or vocab_size < 1:
         raise InvalidArgument(f"vocab_size must be an int >= 1 (the largest top_k drawn), got {vocab_size!r}")
     allow_greedy, exact = _flag("allow_greedy", allow_greedy), _flag("exact", exact)
+    temps: list[Any]  # Fractions with exact, floats without
+    top_p: st.SearchStrategy[Any]
+    min_p: st.SearchStrategy[Any]
+    zero: float | Fraction
     if exact:
         F = Fraction
         temps = [F(1), F(1, 2), F(1, 3)]

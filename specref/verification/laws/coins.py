@@ -64,7 +64,7 @@ import math
 import numbers
 import time
 from fractions import Fraction
-from typing import Callable, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable, cast
 
 import numpy as np
 
@@ -217,7 +217,7 @@ def _thresholds(candidates, d: int) -> list:
             raise SpecrefTypeError(f"candidates for coin {d} must be real numbers, got {_show(t)}")
         if isinstance(t, (float, np.floating)) and not math.isfinite(t):
             raise SpecrefError(f"candidates for coin {d} must be finite, got {_show(t)}")
-        out.append(Fraction(t) if not isinstance(t, Fraction) else t)
+        out.append(Fraction(cast(Any, t)) if not isinstance(t, Fraction) else t)  # numpy scalars too
     return out
 
 

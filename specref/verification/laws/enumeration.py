@@ -693,7 +693,7 @@ def target_law(model, prompt, config, max_new_tokens: int, stop_tokens=(), *,
         return Law({(): _ONE}, paths=1, states=1)
     probs: dict = {}
     queries = 0
-    stack = [((), _ONE)]  # (generated prefix, its probability)
+    stack: list[tuple[tuple[int, ...], Any]] = [((), _ONE)]  # (generated prefix, its probability)
     while stack:
         prefix, w = stack.pop()
         queries += 1

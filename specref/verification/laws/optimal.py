@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -212,7 +213,8 @@ def tree_optimum(target_row, draft_row, widths, scheme: str) -> float:
             out = out * target_row(tuple(z[:i]))[z[i]]
         return out
 
-    blocks, cols = {}, []  # z -> P(z) > 0 for the blocks some tree allows; (tree index, z) per variable
+    blocks: dict[tuple[int, ...], Any] = {}  # z -> P(z) > 0 for the blocks some tree allows
+    cols: list[tuple[int, tuple[int, ...]]] = []  # (tree index, z) per variable
     for t, (paths, _) in enumerate(trees):
         for path in {()} | set(paths):
             for y in range(V):
@@ -226,9 +228,9 @@ def tree_optimum(target_row, draft_row, widths, scheme: str) -> float:
     a_eq = np.zeros((len(trees) + len(fulls), len(cols)))
     for j, (t, z) in enumerate(cols):
         a_eq[t, j] = 1  # sum_z pi(T, z) = Q(T)
-        for r, (y, py) in enumerate(fulls.items()):
-            if y[:len(z)] == z:
-                a_eq[len(trees) + r, j] = py / float(blocks[z])  # P(y | z): the completion's weight
+        for r, (full, p_full) in enumerate(fulls.items()):
+            if full[:len(z)] == z:
+                a_eq[len(trees) + r, j] = p_full / float(blocks[z])  # P(y | z): the completion's weight
     b_eq = np.concatenate([[float(w) for _, w in trees], list(fulls.values())])
     c = np.array([-(len(z) - 1) for _, z in cols], dtype=np.float64)
     res = linprog(c, A_eq=a_eq, b_eq=b_eq, bounds=(0, None), method="highs")

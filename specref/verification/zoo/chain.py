@@ -245,7 +245,7 @@ def exponential_race(p_target, q_draft, draft_tokens, rng) -> list[int]:
     gen = np.random.default_rng(int(rng))
     p = np.asarray(to_numpy(p_target), dtype=np.float64)  # [K+1, V]
     q = np.asarray(to_numpy(q_draft), dtype=np.float64)  # [K, V]
-    K = q.shape[0]
+    K = int(q.shape[0])
     u = gen.random(K)  # one uniform per draft position
     out: list[int] = []
     for i in range(K):
@@ -301,7 +301,7 @@ def typical_acceptance(eps: float = 0.09, delta: float = 0.3):
     return typical_step
 
 
-def lenience(l: float = 0.5):
+def lenience(l: float = 0.5):  # noqa: E741 -- the paper's letter
     """Leviathan et al. (2022)'s lenient acceptance with factor ``0 < l <= 1``; a factory.
 
     Accept ``x_i`` with probability ``min(1, p_i(x_i) / (l q_i(x_i)))``: the per-position
@@ -322,7 +322,7 @@ def lenience(l: float = 0.5):
         return _step_loop(p_target, q_draft, draft_tokens, rng, accept=accept)
 
     lenient_step.__name__ = lenient_step.__qualname__ = f"lenience_{float(l):g}"
-    lenient_step.l = l
+    lenient_step.l = l  # type: ignore[attr-defined]
     return lenient_step
 
 
@@ -515,7 +515,8 @@ def kv_cache_not_rolled_back(target, draft, prompt, *, k, config, max_new_tokens
     out: list[int] = []
     while len(out) < max_new_tokens:
         # 1. draft k tokens; each one is written to the cache as it is produced
-        q_rows, drafted = [], []
+        q_rows: list = []
+        drafted: list[int] = []
         for _ in range(k):
             q = next_token_probs(draft, cache + drafted, config, name="draft")
             drafted.append(draw(rng, q))
@@ -553,7 +554,8 @@ def kv_cache_refeeds_prefix(target, draft, prompt, *, k, config, max_new_tokens,
     out: list[int] = []
     while len(out) < max_new_tokens:
         seq = list(prompt) + out
-        q_rows, drafted = [], []
+        q_rows: list = []
+        drafted: list[int] = []
         for _ in range(k):  # 1. draft k tokens (the draft recomputes: no cache)
             q = next_token_probs(draft, seq + drafted, config, name="draft")
             drafted.append(draw(rng, q))

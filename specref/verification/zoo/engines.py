@@ -48,7 +48,7 @@ tail tokens the residual favours, so only the residual-support statistic (draws 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -371,23 +371,24 @@ class EngineZooEntry:
 
 def entries(kind: str | None = None) -> list:
     """Every engine-shaped entry (``kind``: "wrong", "correct" or None for all)."""
+    wrong: list[tuple[Callable[..., Any], str, str]] = [  # (implementation, level, where it shows)
+        (shared_noise_stream, "draft_and_verify", "both"),
+        (coin_reused, "draft_and_verify", "both"),
+        (inclusive_zero_coin, "draft_and_verify", "exact"),
+        (dirty_scratch, "draft_and_verify", "both"),
+        (placeholder_indexed, "batched", "both"),
+        (out_of_vocab_id, "draft_and_verify", "exact"),
+        (row_position_noise, "draft_and_verify", "both"),
+        (cross_row_residual, "draft_and_verify", "both"),
+    ]
     all_ = [
         EngineZooEntry("engine_reference", "draft_and_verify", engine_reference, "correct", "both",
-                       engine_reference.__doc__.split(") ", 1)[1]),
+                       (engine_reference.__doc__ or "").split(") ", 1)[1]),
         EngineZooEntry("engine_reference_batched", "batched", engine_reference_batched, "correct", "both",
-                       engine_reference_batched.__doc__.split(") ", 1)[1]),
+                       (engine_reference_batched.__doc__ or "").split(") ", 1)[1]),
     ] + [
-        EngineZooEntry(fn.__name__, level, fn, "wrong", shows, fn.__doc__.strip())
-        for fn, level, shows in [
-            (shared_noise_stream, "draft_and_verify", "both"),
-            (coin_reused, "draft_and_verify", "both"),
-            (inclusive_zero_coin, "draft_and_verify", "exact"),
-            (dirty_scratch, "draft_and_verify", "both"),
-            (placeholder_indexed, "batched", "both"),
-            (out_of_vocab_id, "draft_and_verify", "exact"),
-            (row_position_noise, "draft_and_verify", "both"),
-            (cross_row_residual, "draft_and_verify", "both"),
-        ]
+        EngineZooEntry(fn.__name__, level, fn, "wrong", shows, (fn.__doc__ or "").strip())
+        for fn, level, shows in wrong
     ]
     if kind is not None and kind not in ("wrong", "correct"):
         raise SpecrefError(f"kind must be 'wrong', 'correct' or None, got {kind!r}")
