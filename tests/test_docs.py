@@ -3,8 +3,9 @@
 - The site under ``docs/`` builds with warnings as errors and its doctests pass (each in a
   subprocess, into ``tmp_path``); a copy of it with a broken reference, or with a failing
   doctest, fails -- so the check can fail.
-- The README stays short, keeps the two set-up commands at the very top, and every number
-  in its results table is read from the committed JSON record its row names.
+- The README stays short (at most 200 lines), keeps the two set-up commands at the very top,
+  has one row per registered level with the level's call as the registry states it, and every
+  number in its results table is read from the committed JSON record its row names.
 - The results pages hold exactly the tables the committed records print.
 - ``docs/testing.md`` maps every source module to the test modules that import it, as the
   tree has it, and the README's sentence about the tests stays true.
@@ -146,20 +147,45 @@ def test_the_docstring_examples_pass_in_their_modules():
 
 def test_the_readme_is_a_front_door_with_the_set_up_commands_at_the_top():
     text = README.read_text()
-    assert len(text.splitlines()) <= 300
+    assert len(text.splitlines()) <= 200
     first = re.search(r"```bash\n(.*?)\n```", text, flags=re.DOTALL)
     assert first.group(1) == SETUP and text.index(first.group(0)) < 20
     ci = (ROOT / ".ci" / "run").read_text()
     assert SETUP.splitlines()[1] in ci  # .ci/run runs the second command verbatim
 
 
-def test_the_readme_shows_every_level():
-    from specref.verification.oracle import LEVELS
+def levels_table(text: str) -> dict[str, tuple[str, list[str]]]:
+    """The README's table of levels: name -> (call, guide links), ``\\|`` read as ``|``."""
+    table = _between(text, "levels-table")
+    rows = [r for r in table.splitlines() if r.startswith("| `")]
+    found: dict[str, tuple[str, list[str]]] = {}
+    for row in rows:
+        name, call, guide = re.fullmatch(r"\| `(\w+)` \| `(.*)` \| (.*) \|", row).groups()
+        assert name not in found, f"level {name} has two rows"
+        found[name] = (call.replace("\\|", "|"), _links(guide))
+    return found
+
+
+def test_the_readme_has_one_row_per_level_with_its_call():
+    from specref import LEVELS
+
+    rows = levels_table(README.read_text())
+    assert sorted(rows) == sorted(LEVELS), (f"levels without a row: {sorted(set(LEVELS) - set(rows))}; "
+                                            f"rows without a level: {sorted(set(rows) - set(LEVELS))}")
+    wrong = [name for name, (call, _) in rows.items() if call != LEVELS[name].signature]
+    assert not wrong, f"rows whose call is not the level's signature: {wrong}"
+    assert all(guides and all(g.startswith("docs/guide/") for g in guides) for _, guides in rows.values())
+
+
+def test_the_levels_table_check_can_fail():
+    from specref import LEVELS
 
     text = README.read_text()
-    section = text[text.index("## Check your code"):text.index("## Layout")]
-    shown = re.findall(r"^- \*\*(\w+)\*\* --", section, flags=re.MULTILINE)
-    assert sorted(shown) == sorted(LEVELS), "a level is missing from the README's 'Check your code', or is gone"
+    name = next(iter(LEVELS))
+    row = next(r for r in _between(text, "levels-table").splitlines() if r.startswith(f"| `{name}` |"))
+    assert name not in levels_table(text.replace(row + "\n", ""))  # a level without a row is seen
+    changed = levels_table(text.replace(row, row.replace(" -> ", " => ", 1)))
+    assert changed[name][0] != LEVELS[name].signature  # a call that is not the signature is seen
 
 
 def _links(markdown: str):

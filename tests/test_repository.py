@@ -1,6 +1,7 @@
 """The repository describes itself truly: no path outside it, no narrative about how
-it was made, a layout table that matches the tree, counts that match the code, and
-a wheel that holds exactly the packages and data the code needs."""
+it was made, a layout table (on the layout page, ``docs/layout.md``) that matches the tree,
+counts in the README and the guides that match the code, and a wheel that holds exactly the
+packages and data the code needs."""
 
 import re
 import subprocess
@@ -11,6 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+LAYOUT = (ROOT / "docs" / "layout.md").read_text()  # the floors, the rooms and every module
+GUIDES = sorted((ROOT / "docs" / "guide").glob("*.md"))
 
 OUTSIDE = re.compile(r"\.\./shared|shared/SPEC|SPEC\.md|/work/")
 NARRATIVE = re.compile(
@@ -42,44 +45,51 @@ def test_no_tracked_file_refers_outside_the_repository_or_narrates():
     assert not bad, "\n".join(bad)
 
 
-def test_the_readme_layout_table_covers_the_tree():
-    """Its rows are floors and rooms (docs/layout.md names every module): each exists, and every
-    module lies under one of them."""
-    table = README[README.index("<!-- layout-table -->"):README.index("<!-- /layout-table -->")]
+def test_the_layout_table_covers_the_tree():
+    """Its rows are floors and rooms (the same page names every module below): each exists, and
+    every module lies under one of them."""
+    table = LAYOUT[LAYOUT.index("<!-- layout-table -->"):LAYOUT.index("<!-- /layout-table -->")]
     listed = {p for row in re.findall(r"^\| (`[^|]+`) \|", table, flags=re.MULTILINE)
               for p in re.findall(r"`([^`]+)`", row)}
     assert len(listed) >= 10, "no layout table found"
     missing = [r for r in listed if not (ROOT / r).exists()]
-    assert not missing, f"README lists paths that do not exist: {missing}"
+    assert not missing, f"docs/layout.md lists paths that do not exist: {missing}"
     modules = {str(p.relative_to(ROOT)) for pkg in ("specref", "toy_models") for p in (ROOT / pkg).rglob("*.py")
                if p.name != "__init__.py" and p.name != "__main__.py"}
     uncovered = sorted(m for m in modules if not any(m == r or (r.endswith("/") and m.startswith(r)) for r in listed))
-    assert not uncovered, f"modules under no row of the README's layout table: {uncovered}"
+    assert not uncovered, f"modules under no row of docs/layout.md's layout table: {uncovered}"
 
 
-def test_the_readme_layer_picture_matches_the_contract():
+def test_the_layer_picture_matches_the_contract():
     import tomllib
 
     layers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]["layers"]
-    picture = re.search(r"```\n(specref\.verify.*?)```", README, flags=re.DOTALL).group(1)
+    picture = re.search(r"```\n(specref\..*?)```", LAYOUT, flags=re.DOTALL).group(1)  # the first drawing
     drawn = [line.split("  ")[0].strip() for line in picture.strip().splitlines()]
     assert drawn == layers
 
 
 def test_readme_counts_come_from_the_code():
+    """The zoo's and the self-check's counts, in the README and wherever a guide states them."""
     from specref import verify
     from specref.verification.zoo import chain as zoo
 
+    pages = {"README.md": README, **{f"docs/guide/{p.name}": p.read_text() for p in GUIDES}}
     kinds = Counter(e.kind for e in zoo.entries())
-    m = re.search(r"\((\d+) entries: (\d+) wrong, (\d+)\s+approximate.*?and (\d+)\s+correct", README, flags=re.DOTALL)
-    assert m, "the zoo count sentence is missing"
-    assert tuple(map(int, m.groups())) == (len(zoo.entries()), kinds["wrong"], kinds["approximate"], kinds["correct"])
+    zoo_count = r"\((\d+)\s+entries: (\d+) wrong, (\d+)\s+approximate.*?and (\d+)\s+correct"
+    assert re.search(zoo_count, README, flags=re.DOTALL), "the zoo count sentence is missing"
+    for name, text in pages.items():
+        for m in re.finditer(zoo_count, text, flags=re.DOTALL):
+            assert tuple(map(int, m.groups())) == (len(zoo.entries()), kinds["wrong"], kinds["approximate"],
+                                                   kinds["correct"]), name
     scenarios = verify.matrix() + verify.controls()
     kinds = Counter(s.kind for s in scenarios)
-    claims = re.findall(r"\((\d+) scenarios: (\d+)\s+correct, (\d+) negative\s+controls, (\d+) approximate", README)
-    assert len(claims) >= 2
-    for claim in claims:
-        assert tuple(map(int, claim)) == (len(scenarios), kinds["correct"], kinds["control"], kinds["approximate"])
+    scenario_count = r"\((\d+) scenarios: (\d+)\s+correct, (\d+) negative\s+controls, (\d+) approximate"
+    assert re.findall(scenario_count, README), "the self-check's count is missing"
+    for name, text in pages.items():
+        for claim in re.findall(scenario_count, text):
+            assert tuple(map(int, claim)) == (len(scenarios), kinds["correct"], kinds["control"],
+                                              kinds["approximate"]), name
     quick = re.findall(r"--quick`? (?:\((\d+) scenarios\)|runs (\d+) of them)", README)
     assert quick and all(int(a or b) == sum(s.quick for s in scenarios) for a, b in quick)
 
@@ -93,8 +103,9 @@ def test_the_wheel_holds_the_packages_and_data_and_nothing_else(tmp_path):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"specref", "toy_models"}
     data = sorted(n for n in names if not n.endswith(".py") and ".dist-info" not in n)
-    shipped = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "toy_models" / "weights").glob("*.npz"))
-    assert data == shipped and shipped, (data, shipped)
+    weights = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "toy_models" / "weights").glob("*.npz"))
+    shipped = sorted(["specref/py.typed", *weights])  # py.typed: type checkers read specref's annotations
+    assert data == shipped and weights, (data, shipped)
     for sub in ("core", "decoding", "verification", "adapters"):
         assert f"specref/{sub}/__init__.py" in names
 
