@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from specref.decoding.batched import batched_step, sample_drafts  # noqa: E402
 from specref.verification.zoo import engines as zoo_engines  # noqa: E402
-from specref.verification.levels.batched import BatchedCase, large_vocab_case, statistics_nulls  # noqa: E402
+from specref.verification.levels.batched.steps import BatchedCase, large_vocab_case, statistics_nulls  # noqa: E402
 from specref.verification.oracle import check  # noqa: E402
 from specref.verification.statistics.counts import samples_needed  # noqa: E402
 

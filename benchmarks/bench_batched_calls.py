@@ -140,7 +140,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from specref.verification.levels.chain import declare_batch
+    from specref.verification.levels.chain.programs import declare_batch
     from specref.verification.oracle import check_decoder, default_cases
 
     torch.set_num_threads(1)

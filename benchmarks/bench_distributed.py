@@ -61,7 +61,7 @@ def _shard_cost(case, shard_blocks):
     import cloudpickle
     from functools import partial
 
-    from specref.verification.levels.chain import _sampler_of, tally_chain_blocks
+    from specref.verification.levels.chain.programs import _sampler_of, tally_chain_blocks
     from specref.verification.zoo import chain as zoo
 
     recipe = partial(_sampler_of, "step", zoo.reference, case[0].as_float(), 10.0)

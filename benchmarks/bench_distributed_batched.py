@@ -31,7 +31,7 @@ def main(argv=None) -> int:
             ap.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
 
     from specref.adapters.cluster import local_pool
-    from specref.verification.levels.batched import large_vocab_case
+    from specref.verification.levels.batched.steps import large_vocab_case
     from specref.verification.oracle import check_batched_step
     from specref.verification.zoo.engines import engine_reference_batched
 

@@ -29,7 +29,7 @@ PATHS = [  # (kernel, engine, version, how it is run)
 
 def _kernel(engine, name):
     if engine == "specref":
-        from specref.verification.levels import engine_coins
+        from specref.verification.levels.coins import vllm_coins as engine_coins
 
         return getattr(engine_coins, name)
     from specref.adapters.real_engines import vllm_v1_engine

@@ -39,7 +39,7 @@ def machine_info() -> dict:
 def _cases():
     from fractions import Fraction as F
 
-    from specref.verification.levels.trees import TreeCase, tree_cases
+    from specref.verification.levels.trees.sampled import TreeCase, tree_cases
 
     def frac(*rows):
         return np.array([[F(v) for v in row] for row in rows], dtype=object)
@@ -64,7 +64,7 @@ def case_table() -> list[dict]:
     """The default and extra tree cases: exact values per verifier, the LP optimum, the check's seconds."""
     from specref.core.tree_verify import traversal_verify
     from specref.verification.laws.optimal import tree_acceptance_row
-    from specref.verification.levels.trees import memo_rows
+    from specref.verification.levels.trees.sampled import memo_rows
     from specref.verification.oracle import check
 
     out = []

@@ -49,7 +49,7 @@ def headline(repeats: int) -> list[dict]:
     from specref.core import tree_verify
     from specref.decoding.tree import draft_tree, tree_rows
     from specref.verification.laws.enumeration import compare, law
-    from specref.verification.levels.trees import TreeCase, tree_program
+    from specref.verification.levels.trees.sampled import TreeCase, tree_program
     from toy_models.ngram import NGramModel
 
     V = 8

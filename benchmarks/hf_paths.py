@@ -2,7 +2,8 @@
 
 One row per path of :mod:`specref.adapters.hf_paths` (prompt lookup, early exit, different
 tokenizers with sampling -- as shipped and with the repaired translator -- and greedy, the
-ensemble weight at two weights, MTP, DFlash and Gemma 4, sampling and greedy): the statistical
+ensemble weight at two weights, MTP, DFlash and Gemma 4 on the tiny models of
+``benchmarks/hf_experiments.py``, sampling and greedy): the statistical
 verdict against plain sampling with HF's processors (N, p, TV and its 99% interval, the TV the
 run detects with power 0.9), target calls per decode and the efficiency verdict where the path
 has a reference call count, seconds, and the peak RSS of this process and of the largest shard
@@ -78,10 +79,11 @@ def paths():
     reading the committed tokens one by one as transformers does), ``"observed"`` (Algorithm 1 with
     the path's own draft rows as observed, :meth:`~specref.adapters.hf_paths.HFArchitecturePath.reference_calls`)
     -- or the reason there is none."""
+    from hf_experiments import HFMTP, HFDFlash, HFGemma4, path_cases
     from specref.adapters import hf_paths as P
     from specref.core.sampling import SamplingConfig
 
-    cases = {c.name: c for c in P.path_cases()}
+    cases = {c.name: c for c in path_cases()}
     greedy, top_k, plain = SamplingConfig(temperature=0), SamplingConfig(top_k=2), SamplingConfig()
 
     def universal(config, repaired=False):
@@ -107,11 +109,11 @@ def paths():
     for w in (0.5, 0.8):
         rows.append((f"ensemble weight {w}", "AssistedCandidateGenerator", f"assistant_ensemble_weight {w}, T 1, K 2",
                      lambda w=w: (P.HFEnsemble(w), cases["ensemble"]), "reference"))
-    for cls, generator, k, what in ((P.HFMTP, "MTPCandidateGenerator", 1, "Mellum, 1 MTP layer"),
-                                    (P.HFDFlash, "DFlashTokenCandidateGenerator", 2, "Llama + MuseGlimmerAssistant"),
-                                    (P.HFGemma4, "SinglePositionMultiTokenCandidateGenerator", 2,
+    for cls, generator, k, what in ((HFMTP, "MTPCandidateGenerator", 1, "Mellum, 1 MTP layer"),
+                                    (HFDFlash, "DFlashTokenCandidateGenerator", 2, "Llama + MuseGlimmerAssistant"),
+                                    (HFGemma4, "SinglePositionMultiTokenCandidateGenerator", 2,
                                      "Gemma4 + Gemma4Assistant")):
-        config = plain if cls is P.HFGemma4 else top_k
+        config = plain if cls is HFGemma4 else top_k
         for name, c in ((f"{cls.__name__[2:]}, sampling", config), (f"{cls.__name__[2:]}, greedy", greedy)):
             label = "greedy" if c.greedy else ("top-k 2" if c.top_k else "T 1")
             rows.append((name, generator, f"{what}, {label}, K {k}", lambda cls=cls, c=c, k=k: arch(cls, c, k),

@@ -338,7 +338,7 @@ def tree_scenarios() -> list[Scenario]:
     TV == 0), the SGLang-style kernel through the tree level, Medusa's typical acceptance
     (approximate), and every tree bug of :mod:`specref.verification.zoo.trees` as a control."""
     from specref.decoding.tree import tree_transition
-    from specref.verification.levels.trees import from_coins, sglang_style_kernel
+    from specref.verification.levels.trees.sampled import from_coins, sglang_style_kernel
     from specref.verification.oracle import check_tree
     from specref.verification.zoo.trees import REORDER_CONFIG, tree_bugs
     from toy_models.ngram import NGramModel

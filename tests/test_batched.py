@@ -10,7 +10,7 @@ import pytest
 from specref.core.errors import SpecrefError
 from specref.core.step import speculative_step
 from specref.decoding.batched import batched_draft_and_verify, batched_step, row_tolerance, sample_drafts
-from specref.verification.levels.batched import (
+from specref.verification.levels.batched.steps import (
     BatchedCase, default_batched_cases, parse_output, row_law, statistics_nulls,
 )
 from specref.verification.running.calling import Misbehaved
@@ -233,7 +233,7 @@ def test_grid_coins_make_u_zero_a_branch_and_leave_the_default_unchanged():
 def test_grid_reference_law_is_close_to_the_continuous_law():
     """On float32 grid coins each threshold rounds up by < 2^-24, so the TV is a few 2^-24."""
     case = [c for c in default_batched_cases() if c.name == "zeros-in-p-grid"][0]
-    from specref.verification.levels.batched import _grid_row_law
+    from specref.verification.levels.batched.steps import _grid_row_law
 
     for b in range(2):
         tv = compare(_grid_row_law(case, b, True), row_law(case, b)).tv

@@ -2,7 +2,7 @@
 
 The reference, called once per sample and once per ``n`` samples, must give the same counts for
 the same seed: sample ``i`` of block ``j`` gets the same seed and the same coins either way
-(:mod:`specref.verification.levels.chain`).  N is small (3,000: three blocks) because runs are
+(:mod:`specref.verification.levels.chain.programs`).  N is small (3,000: three blocks) because runs are
 compared with each other, exactly.
 """
 
@@ -16,7 +16,7 @@ from specref.core.sampling import process
 from specref.core.step import speculative_step
 from specref.decoding.chain import speculative_decode
 from specref.verification.cases.rules import declare_rules
-from specref.verification.levels.chain import BatchForm, batch_of, declare_batch
+from specref.verification.levels.chain.programs import BatchForm, batch_of, declare_batch
 from specref.verification.oracle import check_decoder, check_logits_step, check_step, default_cases
 from specref.verification.statistics.shards import BLOCK
 from tests.implementations import resample_from_p

@@ -23,7 +23,7 @@ import pytest
 
 from specref.adapters.cluster import dask_executor, local_pool
 from specref.verification.zoo import engines as zoo_engines
-from specref.verification.levels.batched import BatchedCase, _count_blocks, _Recipe, statistics_nulls
+from specref.verification.levels.batched.steps import BatchedCase, _count_blocks, _Recipe, statistics_nulls
 from specref.verification.oracle import check
 from specref.verification.statistics.shards import BLOCK, block_rng, tally
 from tests.implementations import ReversedExecutor

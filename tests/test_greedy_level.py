@@ -18,7 +18,7 @@ import pytest
 from specref.core.errors import SpecrefError
 from specref.core.tree import DraftTree
 from specref.verification.levels import LEVELS
-from specref.verification.levels.greedy import (PARAMETERS, SOURCE, GreedyTreeCase, argmax_law, declare_ties,
+from specref.verification.levels.trees.greedy import (PARAMETERS, SOURCE, GreedyTreeCase, argmax_law, declare_ties,
                                                 default_greedy_cases, greedy_reference, greedy_step_reference,
                                                 sglang_inputs, sglang_step)
 from specref.verification.oracle import check
@@ -193,9 +193,9 @@ def real_sglang_greedy():
     """sglang 0.5.23's ``verify_tree_greedy_triton`` in the level's call: NumPy buffers, written back in place."""
     import torch
 
-    from specref.adapters import real_engines
+    from specref.adapters.real_engines import sglang
 
-    verify, shim = real_engines._sglang("greedy")
+    verify, shim = sglang._sglang("greedy")
 
     def kernel(predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
                retrieve_next_sibling, target_predict):

@@ -40,6 +40,9 @@ against the case's own law (``CaseResult.detectable_tv``, asserted below):
 About 70 s in all.
 """
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -49,18 +52,14 @@ pytest.importorskip("tokenizers")
 
 from specref.adapters.hf_generate import hf_rules  # noqa: E402
 from specref.adapters.hf_paths import (  # noqa: E402
-    HFDFlash,
     HFEarlyExit,
     HFEnsemble,
-    HFGemma4,
-    HFMTP,
     HFPromptLookup,
     HFUniversal,
     ensemble_law,
     hf_tokenizer,
     model_table,
     observed_drafts,
-    path_cases,
     repaired_translator,
     seeded_vocab_order,
     target_logit_columns,
@@ -72,6 +71,9 @@ from specref.verification.cases.tables import LogitTable  # noqa: E402
 from specref.verification.oracle import check_decoder  # noqa: E402
 from specref.verification.statistics.efficiency import efficiency, lookup_iterations  # noqa: E402
 from toy_models.tokenizers import char_tokenizer, fitted_bigram, piece_tokenizer  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from hf_experiments import HFMTP, HFDFlash, HFGemma4, path_cases  # noqa: E402  (the tiny-model experiments)
 
 ALPHA = 1e-3
 CASES = {c.name: c for c in path_cases()}

@@ -1,8 +1,9 @@
-"""The results page's table of Hugging Face ``generate``'s paths is what the committed record says.
+"""The tables of Hugging Face ``generate``'s paths are what the committed record says.
 
-``benchmarks/hf_paths.py`` runs every path at a stated N and ``--table`` prints the table that
-``docs/results/hf-paths.md`` holds.  These tests need neither torch nor transformers: they read
-the committed JSON.
+``benchmarks/hf_paths.py`` runs every path at a stated N; ``--table`` prints the table that
+``docs/results/hf-paths.md`` holds, and ``--readme-table`` the shorter one that the Hugging Face
+guide (``docs/guide/huggingface.md``, where the README's table moved) holds.  These tests need
+neither torch nor transformers: they read the committed JSON.
 """
 
 import copy
@@ -19,12 +20,12 @@ from hf_paths import main, readme_table, table  # noqa: E402
 
 RECORD = ROOT / "benchmarks" / "out" / "hf_paths.json"
 PAGE = ROOT / "docs" / "results" / "hf-paths.md"
-README = ROOT / "README.md"
-TABLES = [(table, PAGE, "--table"), (readme_table, README, "--readme-table")]
+GUIDE = ROOT / "docs" / "guide" / "huggingface.md"  # the summary table the README once held
+TABLES = [(table, PAGE, "--table"), (readme_table, GUIDE, "--readme-table")]
 
 
 @pytest.mark.parametrize("make, page, flag", TABLES)
-def test_the_page_and_the_readme_hold_the_committed_table(make, page, flag):
+def test_the_page_and_the_guide_hold_the_committed_table(make, page, flag):
     assert make(json.loads(RECORD.read_text())) in page.read_text(), \
         f"run: python benchmarks/hf_paths.py {flag} {RECORD.relative_to(ROOT)}"
 
@@ -37,7 +38,7 @@ def test_the_table_check_can_fail(make, page, flag):
     assert make(changed) not in page.read_text()
 
 
-def test_the_readme_table_has_one_row_per_path_of_the_record():
+def test_the_summary_table_has_one_row_per_path_of_the_record():
     record = json.loads(RECORD.read_text())
     rows = [line for line in readme_table(record).splitlines()[2:]]
     assert len(rows) == len(record["paths"]) >= 13

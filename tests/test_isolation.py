@@ -449,9 +449,9 @@ def test_an_internal_error_is_a_status_and_the_cli_exits_2(impls, monkeypatch):
         raise RuntimeError("the oracle's own bug")
 
     from specref.decoding.batched import batched_step
-    from specref.verification.levels.batched import default_batched_cases
+    from specref.verification.levels.batched.steps import default_batched_cases
 
-    monkeypatch.setattr("specref.verification.levels.batched.compare", broken_compare)
+    monkeypatch.setattr("specref.verification.levels.batched.steps.compare", broken_compare)
     report = check("batched", lambda p, q, x, seed: batched_step(p, q, x, seed), cases=default_batched_cases()[:1])
     assert report.results[0].status == "internal error" and "own bug" in report.results[0].detail
     got, text = main("--impl", "specref.decoding.batched:batched_step", "--level", "batched", "--no-isolate")
@@ -464,7 +464,7 @@ def test_a_worker_forked_after_torch_ran_its_thread_pool_does_not_hang():
     (measured: 7 of 7 cases 'timeout' at time_limit = 20 s; with it, all ok in 1.3 s)."""
     torch = pytest.importorskip("torch")
     from specref.decoding.batched import batched_step
-    from specref.verification.levels.batched import default_batched_cases
+    from specref.verification.levels.batched.steps import default_batched_cases
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)

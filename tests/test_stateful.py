@@ -14,9 +14,9 @@ from specref.core.draws import draw
 from specref.core.errors import SpecrefError
 from specref.verification import oracle
 from specref.verification.cases.chain import Case
-from specref.verification.levels.batched import BatchedCase
+from specref.verification.levels.batched.steps import BatchedCase
 from specref.verification.levels.runner import second_order, shape_key
-from specref.verification.levels.trees import TreeCase
+from specref.verification.levels.trees.sampled import TreeCase
 from specref.verification.running.report import OK, STATEFUL, TIMEOUT, Settings
 from specref.verification.zoo import chain as chain_zoo
 from specref.verification.zoo import engines as engine_zoo

@@ -28,7 +28,7 @@ from specref.decoding.tree import draft_tree, tree_transition
 from specref.verification.laws.enumeration import compare, law, law_iterated, target_law
 from specref.verification.laws.optimal import (draft_set_law, node_acceptance, random_tree_rows, subset_optimum,
                                                tree_acceptance, tree_acceptance_row, tree_optimum)
-from specref.verification.levels.trees import TreeCase, memo_rows, tree_cases
+from specref.verification.levels.trees.sampled import TreeCase, memo_rows, tree_cases
 from specref.verification.oracle import check
 from toy_models.ngram import NGramModel
 

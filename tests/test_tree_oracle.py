@@ -7,7 +7,7 @@ from specref.core.errors import SpecrefError
 from specref.verification.levels import LEVELS
 from specref.verification.oracle import check
 from specref.verification.running.report import INVALID, RAISED
-from specref.verification.levels.trees import from_coins, sglang_style_kernel, tree_cases
+from specref.verification.levels.trees.sampled import from_coins, sglang_style_kernel, tree_cases
 from specref.verification.oracle import check_tree
 from specref.verification.zoo.trees import tree_bugs
 
@@ -69,7 +69,7 @@ def test_misbehaviour_is_a_status():
 
 
 def test_dense_batches_of_trees_are_checked_jointly():
-    from specref.verification.levels.trees import batched_reference_kernel
+    from specref.verification.levels.trees.sampled import batched_reference_kernel
     from specref.verification.oracle import check_tree_batch
 
     cases = tree_cases()[:2]
@@ -93,7 +93,7 @@ def test_tree_batches_run_under_settings_like_every_level():
     (statistical mode, the path budget), a kernel that hangs gets its time limit."""
     import time
 
-    from specref.verification.levels.trees import batched_reference_kernel
+    from specref.verification.levels.trees.sampled import batched_reference_kernel
     from specref.verification.oracle import check_tree_batch
 
     cases = tree_cases()[:1]
@@ -124,7 +124,7 @@ def test_tree_batches_run_under_settings_like_every_level():
 def test_only_trailing_padding_is_dropped_from_accept_index():
     """A -1 with an accepted node after it is not padding: `invalid output` naming the row and position
     (dropping every -1 used to turn [0, 1, -1, 3] into the valid path [1, 3] and pass the kernel)."""
-    from specref.verification.levels.trees import batched_reference_kernel
+    from specref.verification.levels.trees.sampled import batched_reference_kernel
     from specref.verification.oracle import check_tree_batch
 
     def gap(*args):  # the reference kernel with a -1 written after the first accepted node

@@ -11,7 +11,7 @@ from specref.core.errors import SpecrefError
 from specref.core.tree import DraftTree
 from specref.decoding.tree import draft_on_shape
 from specref.verification.laws.enumeration import law
-from specref.verification.levels.trees import (UserTreeCase, from_coins, sglang_style_kernel, tree_program,
+from specref.verification.levels.trees.sampled import (UserTreeCase, from_coins, sglang_style_kernel, tree_program,
                                                user_tree_cases)
 from specref.verification.oracle import check_tree, check_tree_batch
 from specref.verification.zoo.trees import USER_TREE_BUGS, _running_sum_loop

@@ -130,7 +130,7 @@ class _OnMainThread(cf.Executor):
         return getattr(self._inner, name)
 
 
-_POOL = [None, threading.Lock()]  # this worker process's own pool, and the lock that starts it
+_POOL: list = [None, threading.Lock()]  # this worker process's own pool, and the lock that starts it
 
 
 def _on_main_thread(payload: bytes):

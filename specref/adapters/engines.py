@@ -18,13 +18,14 @@ import contextlib
 import importlib
 import inspect
 import sys
+from collections.abc import Mapping
 
 import numpy as np
 
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
-from specref.verification.levels.engine_coins import softmax32
-from specref.verification.levels.engines import (  # noqa: F401  0.2's import path
+from specref.verification.levels.coins.vllm_coins import softmax32
+from specref.verification.levels.batched.engines import (  # noqa: F401  0.2's import path
     FLASHINFER_PARAMETERS,
     VLLM_CALL,
     VLLM_PARAMETERS,
@@ -91,6 +92,7 @@ def _vllm_sampling_metadata(rejection_sample):
 
 def _build_metadata(cls, values: dict):
     """``cls(**values)`` with only the fields ``cls`` has; SpecrefError if it needs one specref does not set."""
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):

@@ -160,7 +160,7 @@ def hf_speculative_step(p_target, q_draft, draft_tokens, rng, *, dtype="float32"
         raise TypeError(f"rng must be an integer seed (torch draws its own random numbers), got {rng!r}")
     p_target, q_draft, tokens = check_step_inputs(p_target, q_draft, draft_tokens)
     K = q_draft.shape[0]
-    kwargs = {}
+    kwargs: dict[str, object] = {}
     if "is_done_candidate" in params:  # 4.40 - 5.17: the loop's stop rule, not the step's
         kwargs["is_done_candidate"] = False
     if assistant_ensemble_weight is not None:

@@ -34,6 +34,8 @@ thread (rows of 3 tokens are too small to share; the intra-op pool only adds ove
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
 
 from specref.adapters.hf_models import hf_model, torch_seeded
@@ -121,8 +123,8 @@ class HFGenerate:
     def __init__(self, *, assisted: bool = True):
         self.assisted = assisted
         self.last_target_calls = None
-        self.target_calls = []  # per call, in this process: iterations, for the efficiency verdict
-        self._models = {}
+        self.target_calls: list = []  # per call, in this process: iterations, for the efficiency verdict
+        self._models: dict = {}
         self.__name__ = "hf_assisted_generate" if assisted else "hf_generate"
 
     def __call__(self, target, draft, prompt, *, k, config, max_new_tokens, stop_tokens=(), rng):
@@ -195,13 +197,13 @@ def assistant_processors(config: SamplingConfig, *, k: int = 2, vocab_size: int 
         seen.append((self is d, [type(p).__name__ for p in procs]))
         return procs
 
-    GenerationMixin._get_logits_processor = spy
+    cast(Any, GenerationMixin)._get_logits_processor = spy  # a spy for this one generate call
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.default_generator.manual_seed(0)
             t.generate(torch.tensor([[0]]), assistant_model=d)
     finally:
-        GenerationMixin._get_logits_processor = original
+        cast(Any, GenerationMixin)._get_logits_processor = original
     for is_draft, names in seen:
         if is_draft:
             return names

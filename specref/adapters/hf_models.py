@@ -169,7 +169,7 @@ def generation_config(config: SamplingConfig = SamplingConfig(), *, stop_tokens=
         raise SpecrefError(f"config.min_p is {config.min_p} but the installed transformers' GenerationConfig "
                            "has no min_p (it would be ignored): use transformers >= 4.41 or min_p=0")
     stops = [int(t) for t in stop_tokens]
-    kwargs = dict(do_sample=not config.greedy, pad_token_id=stops[0] if stops else 0,
+    kwargs: dict[str, object] = dict(do_sample=not config.greedy, pad_token_id=stops[0] if stops else 0,
                   eos_token_id=(stops[0] if len(stops) == 1 else stops) if stops else None)
     if not config.greedy:
         kwargs.update(temperature=float(config.temperature), top_k=config.top_k or 0, top_p=float(config.top_p))

@@ -28,36 +28,21 @@ ground truth: plain sampling with HF's processors, :func:`~specref.adapters.hf_g
   :func:`ensemble_step` is the same rule as a step for specref's loop, so its exact law (and TV)
   is :func:`ensemble_law`.
 
-Three paths need a real architecture's hidden states, not table rows.  Each builds locally with
-random weights at the smallest configuration transformers 5.24 takes (V = 3, hidden size 16, one
-or two layers; nothing downloaded), as a subclass of :class:`HFArchitecturePath` that binds its
-own target; :meth:`HFArchitecturePath.case` turns the target into the oracle's case, a logit
-table of the target's own rows after every reachable prefix (:func:`model_table`, recomputed
-without a cache), so the ground truth is plain sampling from that very model:
-
-- :class:`HFMTP` -- ``use_mtp=True``: ``MTPCandidateGenerator`` needs ``num_mtp_layers`` in the
-  config and calls ``MtpModel.from_pretrained(main_model)`` (``modeling_layers.py``), which reads
-  the MTP weights from the checkpoint at ``config.name_or_path`` on every call: a one-layer
-  ``MellumForCausalLM`` is saved with random MTP weights to a temporary directory and loaded back.
-  (Mellum because its MTP key pattern, ``mtp.`` at the start, names no layer number; DeepSeek-V3's
-  and GLM-4-MoE's ``_keys_to_ignore_on_load_unexpected`` name layers 61, 46 and 92 of the released
-  checkpoints, so a one-layer model finds no MTP weights.)
-- :class:`HFDFlash` -- ``speculation_type="dflash"``: ``DFlashTokenCandidateGenerator`` with a
-  ``MuseGlimmerAssistantModel`` (``target_layer_ids``, ``block_size``, ``mask_token_id``) on a
-  ``LlamaForCausalLM`` target.
-- :class:`HFGemma4` -- ``Gemma4AssistantForCausalLM`` on ``Gemma4ForCausalLM``:
-  ``SinglePositionMultiTokenCandidateGenerator`` (chosen by class name).  It drafts the argmax of
-  the assistant's logits (``candidate_generator.py``, ``get_candidates``: ``outputs.logits.argmax``)
-  and hands those logits on, so with sampling ``_speculative_sampling`` accepts at ``p/q`` with a
-  ``q`` the draft was not drawn from: the oracle flags it.  Greedy, it is the argmax chain.
-
-All three skip drafting on the first target call (``is_first_iteration``), and their draft rows
-come from the target's hidden states (Gemma 4's and DFlash's also from where the round began:
-the assistant's own hidden state; one forward for the whole block), so the chain reference's
-call count is not theirs: :meth:`HFArchitecturePath.reference_calls` is Algorithm 1 with the
-path's own rows as :func:`observed_drafts` reads them, the first call drafting nothing.  A configuration
-transformers refuses (``HFMTP(num_mtp_layers=2)``: Mellum takes one MTP layer) and a case whose
-target is not the path's model raise ``SpecrefError``, status ``raised`` under the oracle.
+Paths that need a real architecture's hidden states, not table rows (transformers 5.24's MTP,
+DFlash and Gemma 4 assistant generators), are subclasses of :class:`HFArchitecturePath`, which
+binds its own target (and assistant), built with random weights in ``torch.random.fork_rng``;
+:meth:`HFArchitecturePath.case` turns the target into the oracle's case, a logit table of the
+target's own rows after every reachable prefix (:func:`model_table`, recomputed without a cache),
+so the ground truth is plain sampling from that very model.  These generators skip drafting on
+the first target call (``is_first_iteration``), and their draft rows come from the target's
+hidden states (some also from where the round began: the assistant's own hidden state; one
+forward for the whole block), so the chain reference's call count is not theirs:
+:meth:`HFArchitecturePath.reference_calls` is Algorithm 1 with the path's own rows as
+:func:`observed_drafts` reads them, the first call drafting nothing.  A configuration
+transformers refuses and a case whose target is not the path's model raise ``SpecrefError``,
+status ``raised`` under the oracle.  The tiny random-weight experiments built on it (MTP on
+Mellum, DFlash on Llama, Gemma 4's assistant; V = 3, hidden size 16) and the same-vocabulary
+cases the paths are run on live with the benchmark that runs them, ``benchmarks/hf_experiments.py``.
 
 torch and transformers are imported inside the functions, as in :mod:`specref.adapters.hf_models`.
 """
@@ -67,6 +52,8 @@ from __future__ import annotations
 import contextlib
 import functools
 
+from typing import Any, cast
+
 import numpy as np
 
 from specref.adapters.hf_generate import hf_rules
@@ -75,11 +62,11 @@ from specref.core.errors import SpecrefError
 from specref.core.sampling import SamplingConfig
 from specref.verification.cases.models import logits_fn
 
-__all__ = ["HFPath", "HFPromptLookup", "HFEarlyExit", "HFUniversal", "HFEnsemble", "HFArchitecturePath", "HFMTP",
-           "HFDFlash", "HFGemma4", "model_table", "prefix_logits", "early_exit_model",
+__all__ = ["HFPath", "HFPromptLookup", "HFEarlyExit", "HFUniversal", "HFEnsemble", "HFArchitecturePath",
+           "model_table", "prefix_logits", "early_exit_model",
            "embedded_model", "hf_tokenizer", "target_logit_columns", "repaired_translator", "seeded_vocab_order",
            "ensemble_step",
-           "ensemble_law", "path_cases", "observed_drafts", "NEG_LOGIT", "DRAFT_ROW_TOL"]
+           "ensemble_law", "observed_drafts", "NEG_LOGIT", "DRAFT_ROW_TOL"]
 
 NEG_LOGIT = -1e4  # a -inf logit as the embedded model's hidden state: exp underflows to 0 in float32
 
@@ -448,7 +435,7 @@ class HFUniversal(HFPath):
         if not isinstance(seeded_vocab_order, bool):
             raise SpecrefError(f"seeded_vocab_order must be True or False, got {seeded_vocab_order!r}")
         self.seeded_vocab_order = seeded_vocab_order
-        self.assistants = {}  # settings -> the embedded assistant (its calls: the contexts it saw)
+        self.assistants: dict = {}  # settings -> the embedded assistant (its calls: the contexts it saw)
 
     def _generate(self, *args, **kwargs):
         with contextlib.ExitStack() as stack:
@@ -590,6 +577,7 @@ def observed_drafts(impl, case, *, decodes: int = 200, seed: int = 0) -> dict:
 
     if isinstance(decodes, bool) or not isinstance(decodes, int) or decodes < 1:
         raise SpecrefError(f"decodes must be an int >= 1, got {decodes!r}")
+    rows: dict  # (generated, drafted prefix) -> the row drafted from there
     rows, start = {}, len(case.prompt)
     original = generation._speculative_sampling
 
@@ -606,7 +594,7 @@ def observed_drafts(impl, case, *, decodes: int = 200, seed: int = 0) -> dict:
         return original(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs)
 
     target, draft = case.models()
-    generation._speculative_sampling = spy
+    cast(Any, generation)._speculative_sampling = spy  # the spy takes **kwargs, not the original's signature
     try:
         for s in range(seed, seed + decodes):
             impl(target, draft, list(case.prompt), k=case.k, config=case.config, max_new_tokens=case.max_new_tokens,
@@ -614,11 +602,6 @@ def observed_drafts(impl, case, *, decodes: int = 200, seed: int = 0) -> dict:
     finally:
         generation._speculative_sampling = original
     return rows
-
-
-_TINY = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-             max_position_embeddings=64, pad_token_id=0, bos_token_id=None, eos_token_id=None)
-INIT_RANGE = 0.2  # weights' init std: 0.02 (the default) gives near-uniform rows, 0.5 near point masses
 
 
 @contextlib.contextmanager
@@ -668,6 +651,7 @@ def model_table(model, prompt, max_new_tokens: int, vocab_size: int) -> np.ndarr
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 4:
         raise SpecrefError(f"max_new_tokens must be an int in 1..4 (V^n prefixes), got {max_new_tokens!r}")
     h = len(prompt)
+    seen: dict  # window -> the prefix that filled it
     table, seen = np.zeros((V,) * (h + 1)), {}
     for m in range(max_new_tokens):
         for tail in itertools.product(range(V), repeat=m):
@@ -701,6 +685,7 @@ class HFArchitecturePath(HFPath):
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise SpecrefError(f"seed must be an int, got {seed!r}")
         self.vocab_size, self.seed = vocab_size, seed
+        self._checked: set
         self._target, self._checked = None, set()
 
     def build_target(self):
@@ -824,121 +809,6 @@ class HFArchitecturePath(HFPath):
         return f"{type(self).__name__}(vocab_size={self.vocab_size}, seed={self.seed})"
 
 
-class HFMTP(HFArchitecturePath):
-    """``generate(use_mtp=True)``: ``MTPCandidateGenerator`` on a one-layer ``MellumForCausalLM`` with one MTP layer.
-
-    ``MtpModel.from_pretrained(main_model)`` (``modeling_layers.py``) reads the MTP weights from the
-    checkpoint at ``config.name_or_path`` on every ``generate`` call.  The target is saved to a
-    temporary directory with random MTP weights under ``mtp.`` (Mellum's checkpoint layout, the keys
-    its ``_keys_to_ignore_on_load_unexpected`` names) and loaded back from there; nothing is
-    downloaded.  Mellum takes at most one MTP layer, so every round drafts one token
-    (``num_mtp_layers=2`` is refused by ``MellumConfig``).
-    """
-
-    target_class = "MellumForCausalLM"
-
-    def __init__(self, *, num_mtp_layers: int = 1, vocab_size: int = 3, seed: int = 0):
-        super().__init__(vocab_size=vocab_size, seed=seed)
-        if isinstance(num_mtp_layers, bool) or not isinstance(num_mtp_layers, int) or num_mtp_layers < 1:
-            raise SpecrefError(f"num_mtp_layers must be an int >= 1, got {num_mtp_layers!r}")
-        self.num_mtp_layers = num_mtp_layers
-
-    def build_target(self):
-        import shutil
-        import tempfile
-        import weakref
-
-        from safetensors.torch import load_file, save_file
-        from transformers import MellumConfig, MellumForCausalLM
-        from transformers.modeling_layers import MtpModel
-
-        n = self.num_mtp_layers
-        config = MellumConfig(vocab_size=self.vocab_size, num_hidden_layers=1, mlp_layer_types=["dense"],
-                              num_mtp_layers=n, mtp_layer_types=["full_attention"] * n,
-                              mtp_mlp_layer_types=["dense"] * n, sliding_window=None, num_experts=2,
-                              num_experts_per_tok=1, moe_intermediate_size=8, initializer_range=INIT_RANGE, **_TINY)
-        main = MellumForCausalLM(config)
-        where = tempfile.mkdtemp(prefix="specref-mtp-")
-        main.save_pretrained(where)
-        weights = load_file(f"{where}/model.safetensors")
-        for key, value in MtpModel(main, n).state_dict().items():  # random MTP layer weights, Mellum's keys
-            if not key.startswith(("embed_tokens.", "shared_head.")):
-                weights["mtp." + key] = value.detach().clone().contiguous()
-        save_file(weights, f"{where}/model.safetensors", metadata={"format": "pt"})
-        model = MellumForCausalLM.from_pretrained(where)
-        weakref.finalize(model, shutil.rmtree, where, True)
-        return model
-
-    def generate_kwargs(self, settings):
-        return dict(use_mtp=True)
-
-    def __repr__(self):
-        return f"HFMTP(num_mtp_layers={self.num_mtp_layers}, vocab_size={self.vocab_size}, seed={self.seed})"
-
-
-class HFDFlash(HFArchitecturePath):
-    """``generate(assistant_model=..., speculation_type="dflash")``: ``DFlashTokenCandidateGenerator``.
-
-    Target: a two-layer ``LlamaForCausalLM``; assistant: a one-layer ``MuseGlimmerAssistantModel``
-    (the DFlash drafter transformers ships) with ``target_layer_ids=[0, 1]``, ``block_size=K+1``
-    (one anchor and K mask positions, so K drafted tokens a round) and ``mask_token_id = V - 1``.
-    """
-
-    target_class = "LlamaForCausalLM"
-
-    def build_target(self):
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        return LlamaForCausalLM(LlamaConfig(vocab_size=self.vocab_size, num_hidden_layers=2,
-                                            initializer_range=INIT_RANGE, **_TINY))
-
-    def build_assistant(self, settings):
-        from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
-
-        tiny = {key: v for key, v in _TINY.items() if key != "bos_token_id" and key != "eos_token_id"}
-        config = MuseGlimmerAssistantConfig(num_hidden_layers=1, sliding_window=8, block_size=settings["k"] + 1,
-                                            mask_token_id=self.vocab_size - 1, target_layer_ids=[0, 1],
-                                            initializer_range=INIT_RANGE, bos_token_id=None, eos_token_id=None,
-                                            **tiny)
-        return MuseGlimmerAssistantModel(config)
-
-    def generate_kwargs(self, settings):
-        return dict(speculation_type="dflash")
-
-
-class HFGemma4(HFArchitecturePath):
-    """``generate(assistant_model=Gemma4AssistantForCausalLM)``: ``SinglePositionMultiTokenCandidateGenerator``.
-
-    Target: a two-layer ``Gemma4ForCausalLM`` (one sliding-window layer of width 4, one full) that
-    returns its ``shared_kv_states``; assistant: a two-layer ``Gemma4AssistantForCausalLM`` reading
-    them, ``num_assistant_tokens = K``.  The generator drafts each token as the argmax of the
-    assistant's logits and hands those raw logits on as the draft's distribution.
-    """
-
-    target_class = "Gemma4ForCausalLM"
-
-    def _text_config(self):
-        from transformers import Gemma4TextConfig
-
-        return Gemma4TextConfig(vocab_size=self.vocab_size, num_hidden_layers=2, global_head_dim=8,
-                                layer_types=["sliding_attention", "full_attention"], sliding_window=4,
-                                vocab_size_per_layer_input=0, hidden_size_per_layer_input=0,
-                                initializer_range=INIT_RANGE, **_TINY)
-
-    def build_target(self):
-        from transformers import Gemma4ForCausalLM
-
-        return Gemma4ForCausalLM(self._text_config())
-
-    def build_assistant(self, settings):
-        from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
-
-        assistant = Gemma4AssistantForCausalLM(Gemma4AssistantConfig(text_config=self._text_config(),
-                                                                      backbone_hidden_size=_TINY["hidden_size"]))
-        assistant.generation_config.num_assistant_tokens = int(settings["k"])
-        return assistant
-
-
 # ---------------------------------------------------------------- the ensemble rule, exactly
 
 
@@ -1004,26 +874,3 @@ def ensemble_law(case, weight: float, *, capped: bool = True):
     got = law_iterated((), iteration)
     truth = target_law(t, prompt, config, N, case.stop_tokens)
     return got, truth, float(compare(got, truth).tv)
-
-
-# ---------------------------------------------------------------- cases
-
-
-def path_cases():
-    """Decoder cases for the same-vocabulary paths (V = 3 logit tables, K = 2, 3 new tokens):
-    temperature 0.8 and greedy for prompt lookup (a prompt with repeated n-grams), early exit and
-    the ensemble weight (temperature 1, no top-k/p, as :func:`ensemble_law` needs)."""
-    from specref.verification.cases.chain import Case
-
-    rng = np.random.default_rng(20261215)
-
-    def pair():
-        return rng.normal(0, 1.2, (3, 3)), rng.normal(0, 1.2, (3, 3))
-
-    return [
-        Case("lookup-temperature", *pair(), prompt=(0, 1, 2, 0, 1), config=SamplingConfig(temperature=0.8),
-             tables="logits"),
-        Case("lookup-greedy", *pair(), prompt=(0, 1, 2, 0, 1), config=SamplingConfig(temperature=0), tables="logits"),
-        Case("early-exit-top-k", *pair(), config=SamplingConfig(top_k=2), tables="logits"),
-        Case("ensemble", *pair(), tables="logits"),
-    ]

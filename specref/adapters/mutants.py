@@ -49,17 +49,20 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, TypedDict
 
 import numpy as np
 
 from specref.adapters import real_engines as re_
+from specref.adapters.real_engines.wheels import _LOADED
 from specref.core.errors import SpecrefError
 from specref.verification.levels import LEVELS
-from specref.verification.levels.batched import BatchedCase
+from specref.verification.levels.batched.steps import BatchedCase
 from specref.verification.oracle import check
 from specref.verification.running.calling import run_case
 from specref.verification.running.report import CaseResult
@@ -101,7 +104,7 @@ class EngineSpec:
     dist: str
     label: str
     level: str
-    make: object
+    make: Callable[..., Any]
     n: int
     seed: int
 
@@ -428,6 +431,7 @@ def _region(lines, tree, m, path) -> tuple[int, int, str]:
         if len(defs) != 1:
             raise SpecrefError(f"mutant {m.name!r}: the patch does not apply to {path}: expected one function "
                                f"`def {m.within}`, found {len(defs)}")
+        assert defs[0].end_lineno is not None  # ast.parse sets it
         start, end = defs[0].lineno - 1, defs[0].end_lineno
         where = f" in `def {m.within}` (lines {start + 1}-{end})"
     if m.after:
@@ -606,7 +610,7 @@ class MutantTree:
         shim = _shim_of(fn)
         name = ".".join(Path(self.mutant.file).with_suffix("").parts)
         module = None if shim is None else shim.modules.get(name)
-        out = {"module": name, "file": None, "holder": None, "from_copy": False, "holds_marker": False}
+        out: dict[str, Any] = {"module": name, "file": None, "holder": None, "from_copy": False, "holds_marker": False}
         if module is None:
             return out
         out["file"] = getattr(module, "__file__", None)
@@ -635,7 +639,7 @@ class MutantTree:
 
 
 def _shim_of(fn, depth: int = 4):
-    """The :class:`~specref.adapters.real_engines.EngineShim` an adapter's callable closes over
+    """The :class:`~specref.adapters.real_engines.shim.EngineShim` an adapter's callable closes over
     (directly, as the ``self`` of a bound method such as ``shim.active``, or in the closure of a
     function it closes over, down to ``depth`` levels), or None."""
     seen, layer = set(), [fn]
@@ -659,7 +663,7 @@ def _shim_of(fn, depth: int = 4):
 
 def _filled(cell) -> bool:
     try:
-        cell.cell_contents
+        cell.cell_contents  # noqa: B018 - read for its ValueError
     except ValueError:  # an empty cell
         return False
     return True
@@ -688,8 +692,8 @@ def mutate(mutant: Mutant, cache=None):
         path = _mirror(root, tmp / root.name, Path(mutant.file), text)
         yield MutantTree(mutant, tmp, path, lineno, line)
     finally:
-        for key in [k for k in getattr(re_, "_LOADED", {}) if any(str(tmp) in str(part) for part in k)]:
-            del re_._LOADED[key]
+        for key in [k for k in _LOADED if any(str(tmp) in str(part) for part in k)]:
+            del _LOADED[key]
         for key in [k for k in linecache.cache if k.startswith(str(tmp))]:
             del linecache.cache[key]
         shutil.rmtree(tmp, ignore_errors=True)
@@ -744,14 +748,22 @@ class Outcome:
         return asdict(self)
 
 
-def _check(spec: EngineSpec, fn, case_names, mode: str, n: int, seed: int):
+class _Limits(TypedDict):
+    """The isolation and time limits :func:`_check` hands to ``run_case`` and ``check``."""
+
+    isolate: bool
+    time_limit: float
+    case_time_limit: float
+
+
+def _check(spec: EngineSpec, fn, case_names, mode: str, n: int | None, seed: int):
     """``(status, tv, p_value, detectable_tv, n, detail)`` of one check, each case in a forked worker.
 
     Isolation matters here: a mutated Triton kernel can store out of bounds, and the interpreter
     then writes through raw pointers into the process's heap (``end-of-siblings-not-checked``
     does); the worker dies and the case is ``crashed`` instead of the process.
     """
-    limits = dict(isolate=True, time_limit=300.0, case_time_limit=600.0)
+    limits: _Limits = dict(isolate=True, time_limit=300.0, case_time_limit=600.0)
     if mode == "deterministic":
         what = SimpleNamespace(name="40 random trees")
 
@@ -776,6 +788,17 @@ def _check(spec: EngineSpec, fn, case_names, mode: str, n: int, seed: int):
     dts = [r.detectable_tv for r in report.results if r.detectable_tv is not None]
     return (worst.status, tv, min(ps) if ps else None, max(dts) if dts else None, n,
             "" if worst.ok else f"{worst.case.name}: {worst.detail[:300]}")
+
+
+class _Common(TypedDict):
+    """The :class:`Outcome` fields :func:`run` fills the same way for a mutant and an unmutated run."""
+
+    engine: str
+    version: str
+    mode: str
+    case: str
+    seed: int
+    options: dict
 
 
 def run(target, *, mode: str | None = None, case=None, n: int | None = None, seed: int | None = None,
@@ -809,7 +832,7 @@ def run(target, *, mode: str | None = None, case=None, n: int | None = None, see
     if mode == "deterministic":
         label = "40 random trees (argmax path)"
     options = tuple(options if options is not None else (mutant.options if mutant else ()))
-    common = dict(engine=spec.name, version=spec.version, mode=mode, case=label, seed=seed, options=dict(options))
+    common: _Common = dict(engine=spec.name, version=spec.version, mode=mode, case=label, seed=seed, options=dict(options))
     if mutant is None:
         fn = spec.make(cache, **dict(options))
         t0 = time.perf_counter()

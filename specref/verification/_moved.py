@@ -29,15 +29,22 @@ MOVED = {
     "specref.verification.stats": "specref.verification.statistics.counts",
     "specref.verification.shards": "specref.verification.statistics.shards",
     "specref.verification.efficiency": "specref.verification.statistics.efficiency",
-    "specref.verification.batched": "specref.verification.levels.batched",
-    "specref.verification.trees": "specref.verification.levels.trees",
+    "specref.verification.batched": "specref.verification.levels.batched.steps",
+    "specref.verification.trees": "specref.verification.levels.trees.sampled",
     "specref.verification.planning": "specref.verification.campaigns.planning",
     "specref.verification.sweep": "specref.verification.campaigns.sweep",
     "specref.verification.zoo_engines": "specref.verification.zoo.engines",
     "specref.verification.zoo_trees": "specref.verification.zoo.trees",
+    "specref.verification.levels.engines": "specref.verification.levels.batched.engines",
+    "specref.verification.levels.mrv2": "specref.verification.levels.batched.mrv2",
+    "specref.verification.levels.greedy": "specref.verification.levels.trees.greedy",
+    "specref.verification.levels.engine_coins": "specref.verification.levels.coins.vllm_coins",
 }
 """Old path -> new path.  ``laws``, ``cases``, ``levels`` and ``zoo`` are rooms now, and each
-room's package re-exports what its 0.2 module held, so those names need no alias."""
+room's package re-exports what its 0.2 module held, so those names need no alias; so do the
+level kinds ``levels.chain``, ``levels.batched``, ``levels.trees`` and ``levels.coins``, packages
+now that re-export the public names of the module they were (``chain.programs``,
+``batched.steps``, ``trees.sampled``, ``coins.kernels``)."""
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -44,7 +44,7 @@ from specref.verification.cases.chain import Case, default_cases, fixed_cases, s
 from specref.verification.cases.rules import rules_of
 from specref.verification.laws.enumeration import compare
 from specref.verification.levels import LEVELS, level_named, register
-from specref.verification.levels.chain import run_programs
+from specref.verification.levels.chain.programs import run_programs
 from specref.verification.running.calling import can_isolate, cuda_started, guarded
 from specref.verification.running.level import CasePlan, Level, Option
 from specref.verification.running.report import (ARITHMETIC, BUDGET, CRASHED, INTERNAL, INVALID, RAISED, RNG_MISUSE,
@@ -157,17 +157,18 @@ def __getattr__(name: str):
     the ``shorthand`` of a registered level, and the function is ``check`` at that level."""
     for level in LEVELS.values():
         if level.shorthand == name:
-            shorthand = _shorthand(level)
+            shorthand = _shorthand(level, name)
             globals()[name] = shorthand  # found here directly from now on
             return shorthand
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _shorthand(level: Level):
+def _shorthand(level: Level, name: str):
+    """``check`` at ``level``, named ``name`` (the level's ``shorthand``)."""
     def shorthand(fn, **keywords) -> Report:
         return check(level.name, fn, **keywords)
 
-    shorthand.__name__ = shorthand.__qualname__ = level.shorthand
+    shorthand.__name__ = shorthand.__qualname__ = name
     shorthand.__doc__ = f"``check({level.name!r}, fn, **keywords)`` (0.2 name): ``{level.signature}``."
     return shorthand
 
@@ -232,7 +233,8 @@ def _plan_case(spec: Level, fn, case, settings: Settings, seed: int, calls: int,
     guarded body; where the level does not plan the mode itself, the fallback (:func:`_fallback_row`)."""
     guard = partial(guarded, isolate=isolate, time_limit=settings.time_limit,
                     case_time_limit=(settings.case_time_limit or CASE_TIME_FLOOR) + (calls + 2) * settings.time_limit)
-    budgeted = settings.mode == "statistical" and settings.budget_s is not None and not settings.samples
+    budget_s = settings.budget_s if settings.mode == "statistical" and not settings.samples else None
+    budgeted = budget_s is not None
     planner = spec.exact_planner if settings.mode == "exact" else spec.planner
     if planner is None:
         return _fallback_row(spec, fn, case, settings, seed, calls, guard)
@@ -250,7 +252,7 @@ def _plan_case(spec: Level, fn, case, settings: Settings, seed: int, calls: int,
         return PlanRow(case.name, planned.outcomes, planned.n, None, None, note=f"{status}: {value[:80]}",
                        batch=planned.per_call, calls=planned.calls)
     first, warm = value
-    eta = float(settings.budget_s) if budgeted else first + (planned.calls - 1) * warm
+    eta = float(budget_s) if budget_s is not None else first + (planned.calls - 1) * warm
     return PlanRow(case.name, planned.outcomes, planned.n, warm, eta, note=planned.note, batch=planned.per_call,
                    calls=planned.calls, first_call_s=first)
 
@@ -315,7 +317,9 @@ class _Timed:
     batch, rules, ties, ``specref_isolate``) are ``fn``'s."""
 
     def __init__(self, fn, stop: int):
-        self.fn, self.stop, self.starts, self.first = fn, stop, [], None
+        self.fn, self.stop = fn, stop
+        self.starts: list[float] = []  # each call's start (time.perf_counter())
+        self.first: float | None = None  # the first call's seconds, once it returned
 
     def __getattr__(self, name):
         return getattr(self.__dict__["fn"], name)
@@ -351,6 +355,7 @@ def _pilot(spec: Level, fn, case, settings: Settings, calls: int) -> tuple:
     limit = CASE_TIME_FLOOR + (calls + 2) * settings.time_limit
     result = spec.run(spec, timed, [case], _quiet(settings, case_time_limit=limit)).results[0]
     s = timed.starts
+    warm: float | None
     if not s or (len(s) < timed.stop and result.status in _MISBEHAVED):
         return None, None, f"{result.status}: {result.detail[:80]}"
     if len(s) >= 3:

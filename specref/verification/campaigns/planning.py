@@ -5,7 +5,7 @@
   ``detect_tv`` with power :data:`~specref.verification.statistics.counts.PLAN_POWER` at ``alpha``) and an ETA measured from a few calls of
   the implementation on that case: the first call timed apart (imports, compilation and caches
   warm up there), then ``calls`` warm calls, each of the implementation's declared batch
-  (:func:`~specref.verification.levels.chain.declare_batch`: ``B`` samples per call, at most one
+  (:func:`~specref.verification.levels.chain.programs.declare_batch`: ``B`` samples per call, at most one
   block), so ``ETA = first call + (calls the run makes - 1) x warm call``: about ``N / B`` warm
   calls.  ``mode="exact"`` plans an exact check instead: its calls are the paths of the
   reference's enumeration of the case (those of an implementation that draws as the reference
@@ -189,7 +189,7 @@ def _finished(path, cases, level: str, settings: Settings) -> dict:
     *complete, tail = text.split("\n")
     if tail:  # interrupted while writing: that case runs again
         path.write_text("".join(line + "\n" for line in complete))
-    done = {}
+    done: dict = {}
     for k, line in enumerate(complete, 1):
         if not line.strip():
             continue

@@ -159,7 +159,7 @@ def describe_rules(rules) -> str:
 class declare_rules:
     """``fn`` with its declared rules attached (``fn.specref_rules``); calls go straight to ``fn``.
 
-    A batch declaration of ``fn`` (``fn.specref_batch``, :mod:`specref.verification.levels.chain`)
+    A batch declaration of ``fn`` (``fn.specref_batch``, :mod:`specref.verification.levels.chain.programs`)
     stays visible on the wrapper."""
 
     def __init__(self, fn, rules):

@@ -1,5 +1,9 @@
 """The levels: each says how the oracle calls an implementation, which cases it runs, and how
-it judges them -- chain (step, logits, decoder), batched, tree, and the engines' calls.
+it judges them, grouped by kind: :mod:`~specref.verification.levels.chain` (step, logits,
+decoder), :mod:`~specref.verification.levels.batched` (batched, draft_and_verify and the engines'
+calls), :mod:`~specref.verification.levels.trees` (sampled and greedy trees) and
+:mod:`~specref.verification.levels.coins` (coin-fed kernels); :mod:`~specref.verification.levels.runner`
+is the one case runner they share.
 
 :data:`LEVELS` is the one registry, built here explicitly from each level module's own
 ``LEVELS`` tuple: every level is known once :mod:`specref.verification.oracle` (or this
@@ -11,7 +15,14 @@ registered from outside specref is checked, planned and swept as specref's own a
 from __future__ import annotations
 
 from specref.core.errors import SpecrefError
-from specref.verification.levels import batched, chain, coins, engine_coins, engines, greedy, mrv2, trees
+from specref.verification.levels.batched.engines import LEVELS as _ENGINES
+from specref.verification.levels.batched.mrv2 import LEVELS as _MRV2
+from specref.verification.levels.batched.steps import LEVELS as _BATCHED
+from specref.verification.levels.chain.programs import LEVELS as _CHAIN
+from specref.verification.levels.coins.kernels import LEVELS as _COINS
+from specref.verification.levels.coins.vllm_coins import LEVELS as _VLLM_COINS
+from specref.verification.levels.trees.greedy import LEVELS as _GREEDY
+from specref.verification.levels.trees.sampled import LEVELS as _TREES
 from specref.verification.running.level import Level, missing_parts
 
 __all__ = ["Level", "LEVELS", "register", "level_named"]
@@ -50,6 +61,6 @@ def level_named(level, *, need: str = "level must be one of the registered level
     return LEVELS[level]
 
 
-for _level in chain.LEVELS + batched.LEVELS + trees.LEVELS + engines.LEVELS + coins.LEVELS + engine_coins.LEVELS + mrv2.LEVELS + greedy.LEVELS:
+for _level in _CHAIN + _BATCHED + _TREES + _ENGINES + _COINS + _VLLM_COINS + _MRV2 + _GREEDY:
     register(_level)
 del _level

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from fractions import Fraction
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -98,13 +98,22 @@ def run_cases(level, cases, settings: Settings, *, validate: Callable, exact: Ca
         body = exact(case) if settings.mode == "exact" else statistical(case, settings.seed + i)
         bodies.append(body)
         result = run_case(body, case, isolate=isolate, time_limit=settings.time_limit,
-                          case_time_limit=settings.case_time_limit, store=store)
+                          case_time_limit=_case_time_limit(settings), store=store)
         report.results.append(result if recheck is None else recheck(case, result))
     if settings.checks_state:
         _check_state(report.results, cases, bodies, settings, isolate=isolate, recheck=recheck)
     for result in report.results:
         result.law = None  # kept only for the state check: reports stay small
     return report
+
+
+def _case_time_limit(settings: Settings) -> float:
+    """``settings.case_time_limit``, which the oracle has set from the plan by the time a level runs
+    (``check``, ``plan``); a TypeError, as the arithmetic on None would raise, when it has not."""
+    limit = settings.case_time_limit
+    if limit is None:
+        raise TypeError("run_cases needs settings.case_time_limit: check() sets it from the plan when it is None")
+    return limit
 
 
 # ---------------------------------------------------------------- the state check
@@ -118,9 +127,9 @@ def shape_key(case) -> tuple:
     try:
         names = ([f.name for f in dataclasses.fields(case)] if dataclasses.is_dataclass(case)
                  else sorted(getattr(case, "__dict__", {})))
-        key = [type(case).__name__]
+        key: list = [type(case).__name__]
         for name in names:
-            v = getattr(case, name, None)
+            v: Any = getattr(case, name, None)
             if hasattr(v, "shape") and hasattr(v, "ndim"):
                 key.append((name, tuple(v.shape)))
             elif v is None or (isinstance(v, int) and not isinstance(v, bool)):
@@ -145,11 +154,12 @@ def second_order(cases, passed, first, seed: int, *, start) -> list:
     is taken (else the one with fewest such repeats).
     """
     rng = np.random.default_rng(seed)
-    groups = {}
+    by_shape: dict[tuple, list[int]] = {}
     for i in passed:
-        groups.setdefault(shape_key(cases[i]), []).append(i)
-    groups = list(groups.values())
-    best, fewest = None, None
+        by_shape.setdefault(shape_key(cases[i]), []).append(i)
+    groups = list(by_shape.values())
+    best: list = []  # set by the first try (ORDER_TRIES > 0)
+    fewest: int | None = None
     for _ in range(ORDER_TRIES):
         blocks = [[g[m] for m in rng.permutation(len(g))] for g in groups]
         order = [i for b in rng.permutation(len(blocks)) for i in blocks[b]]
@@ -168,7 +178,7 @@ def _partnered(cases, passed, seed: int) -> list:
     when one case passed (``state_check=True`` judges every passed case again)."""
     if len(passed) < 2:
         return []
-    groups = {}
+    groups: dict[tuple, list[int]] = {}
     for i in passed:
         groups.setdefault(shape_key(cases[i]), []).append(i)
     lone = [g[0] for g in groups.values() if len(g) == 1]
@@ -195,7 +205,7 @@ def _check_state(results, cases, bodies, settings: Settings, *, isolate: bool, r
     first = [None] * n if isolate else [None] + list(range(n - 1))
     start = None if isolate else n - 1
     order = second_order(cases, passed, first, settings.seed, start=start)
-    limit = settings.case_time_limit
+    limit = _case_time_limit(settings)
     if isolate and isinstance(limit, (int, float)):
         limit = 2 * limit  # a worker runs the predecessor, then the case
     for i, before in zip(order, _predecessors(order, start)):
@@ -261,7 +271,7 @@ def exact_verdict(case, program, expected, settings: Settings) -> CaseResult:
     return law_verdict(case, compare(got, expected), settings.tolerance)
 
 
-def samples_in_budget(pilot: Callable[[int], None], settings: Settings, started: float, *, most: int) -> int:
+def samples_in_budget(pilot: Callable[[int], object], settings: Settings, started: float, *, most: int) -> int:
     """N for ``settings.budget_s``, from timed pilots whose samples are discarded.
 
     ``pilot(m)`` samples ``m`` times.  Pilots of ``PILOT``, ``4 PILOT``, ``16 PILOT``, ... run
@@ -271,18 +281,21 @@ def samples_in_budget(pilot: Callable[[int], None], settings: Settings, started:
     case began (``time.perf_counter()``): set-up and pilots come out of the budget.  The report
     states N and the TV that N detects, so a budget too small shows as a large detectable TV.
     """
+    budget = settings.budget_s
+    if budget is None:
+        raise TypeError("samples_in_budget needs settings.budget_s")
     timings = []  # (m, seconds)
     m = PILOT
     while True:
         t0 = time.perf_counter()
         pilot(m)
         timings.append((m, time.perf_counter() - t0))
-        if timings[-1][1] >= settings.budget_s / 20 or 4 * m > most or time.perf_counter() - started > settings.budget_s / 4:
+        if timings[-1][1] >= budget / 20 or 4 * m > most or time.perf_counter() - started > budget / 4:
             break
         m *= 4
     (m1, t1), (m0, t0_) = timings[-1], timings[-2] if len(timings) > 1 else (0, 0.0)
     per_sample = (t1 - t0_) / (m1 - m0) if t1 > t0_ else t1 / m1
-    left = settings.budget_s - (time.perf_counter() - started)
+    left = budget - (time.perf_counter() - started)
     return int(min(most, max(MIN_BUDGET_SAMPLES, left / max(per_sample, 1e-9))))
 
 

@@ -69,7 +69,7 @@ class Level:
 
     ``run(level, fn, cases, settings) -> Report`` judges the cases in either mode (the exact and
     the statistical body, through :func:`specref.verification.levels.runner.run_cases`); the step,
-    logits and decoder levels share :func:`specref.verification.levels.chain.run_programs`.
+    logits and decoder levels share :func:`specref.verification.levels.chain.programs.run_programs`.
     ``planner(level, fn, case, settings, seed) -> CasePlan`` plans a statistical check of a case
     (how N, the samples per call and the calls follow from the case); ``exact_planner`` the same
     in exact mode where the level plans it itself (without it: the calls of the level's exact
@@ -118,8 +118,9 @@ class Level:
         for name, value in values.items():
             if name not in known:
                 raise SpecrefError(f"the {self.name} level has no option {name!r}; its options: {self.option_names()}")
+            check = known[name].check
             if value is not None:
-                chosen[name] = value if known[name].check is None else known[name].check(value)
+                chosen[name] = value if check is None else check(value)
         return replace(self, chosen=tuple(chosen.items()))
 
     def prepared(self, fn, cases) -> tuple[Callable, list]:

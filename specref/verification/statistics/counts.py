@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import special as _special
@@ -158,7 +159,7 @@ def g_test(counts, probs, *, min_expected: float = 5) -> GTestResult:
     exp = np.concatenate(exp_bins)
     n_bins = int(obs.shape[0])
     dof = n_bins - 1
-    common = dict(
+    common: dict[str, Any] = dict(
         dof=dof,
         n=n,
         n_bins=n_bins,

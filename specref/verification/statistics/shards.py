@@ -26,7 +26,7 @@ import math
 import pickle
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, MutableMapping, Protocol
 
 import numpy as np
 
@@ -101,7 +101,7 @@ class Sampler:
     def call(self, drawn, a: int, b: int) -> list:
         raise NotImplementedError
 
-    def counter(self, outcomes: tuple) -> "OutcomeCounter":
+    def counter(self, outcomes: tuple) -> "Counter":
         return OutcomeCounter(outcomes)
 
 
@@ -115,6 +115,15 @@ class ProgramSampler(Sampler):
 
     def call(self, gen, a: int, b: int) -> list:
         return [self.program(gen, int(gen.integers(2**63)))]
+
+
+class Counter(Protocol):
+    """What :meth:`Sampler.counter` gives: ``add(outputs)`` for each call's outputs, then
+    ``result() -> (counts, strays)`` (:class:`OutcomeCounter`, or a level's own)."""
+
+    def add(self, outs) -> None: ...
+
+    def result(self) -> tuple[np.ndarray, dict]: ...
 
 
 class OutcomeCounter:
@@ -262,7 +271,7 @@ class _Job:
     n: int
     seed: int
     progress: Callable[[int], None] | None
-    store: object
+    store: MutableMapping[str, dict] | None
     run_blocks: Callable
 
     def run(self, a, b, budget) -> Tally:

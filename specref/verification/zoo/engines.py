@@ -1,7 +1,7 @@
 """Engine-shaped wrong implementations: bugs that batched serving verifiers shipped (SPEC §7).
 
 Leviathan et al. notation: ``p`` is the target, ``q`` the draft.  Every entry is written in
-a batched signature of :mod:`specref.verification.levels.batched` and runs one engine-shaped
+a batched signature of :mod:`specref.verification.levels.batched.steps` and runs one engine-shaped
 loop, :func:`_engine`, with named hook points (:class:`Hooks`: the coin source, the draft count,
 the accept comparison, the scratch row the residual subtracts, the last draw); each bug is a small
 function that replaces the reference's function at its hook (:data:`HOOKS`), so that it is the one

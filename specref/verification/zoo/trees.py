@@ -1,7 +1,7 @@
 """Wrong tree verifiers, each one the bug class seen in a deployed engine, one line off the reference.
 
 Leviathan et al. notation (p target, q draft).  Every entry is a :class:`TreeBug`:
-a ``tree_step_fn`` at the ``tree`` level (:mod:`specref.verification.levels.trees`), or for
+a ``tree_step_fn`` at the ``tree`` level (:mod:`specref.verification.levels.trees.sampled`), or for
 the processing-order bug a target-row hook for the tree decoding loop
 (:func:`specref.decoding.tree.tree_transition`), with the drafting its cases use.
 Each one is detected in exact mode (TV > 0) by ``python -m specref.verify``.
@@ -22,7 +22,7 @@ rules_reordered            topk      verification rows processed top-p before to
 =========================  ========  ======================================================
 
 Wrong engines on user-built trees (:data:`USER_TREE_BUGS`, level ``"user_tree"``: their cases
-are :func:`~specref.verification.levels.trees.user_tree_cases` of their drafting):
+are :func:`~specref.verification.levels.trees.sampled.user_tree_cases` of their drafting):
 
 =========================  =============  =================================================
 name                       drafting       what is wrong
@@ -49,7 +49,7 @@ from specref.core.sampling import SamplingConfig, process_probs
 from specref.core.step import draw
 from specref.core.tree import ROOT
 from specref.core.tree_verify import pointmass_verify, positive_residual, rrs_with_replacement
-from specref.verification.levels.trees import from_coins, sglang_style_kernel
+from specref.verification.levels.trees.sampled import from_coins, sglang_style_kernel
 
 __all__ = ["TreeBug", "TREE_BUGS", "USER_TREE_BUGS", "tree_bugs", "reordered_target_row", "REORDER_CONFIG"]
 

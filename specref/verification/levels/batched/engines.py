@@ -2,7 +2,7 @@
 
 Each adapter turns a verifier written in an engine's call into the ``"batched"`` level's
 ``step_fn(p_target [B, K+1, V], q_draft [B, K, V] | None, draft_tokens [B, K], seed)``
-(:mod:`specref.verification.levels.batched`), in a few lines; each comes with specref's own reference
+(:mod:`specref.verification.levels.batched.steps`), in a few lines; each comes with specref's own reference
 written in that call, with the input checks an engine's caller relies on.
 
 vLLM V1 -- the call as it is in vLLM 0.33.0's ``vllm/v1/sample/rejection_sampler.py``
@@ -69,8 +69,8 @@ from specref.core.draws import categorical, draw
 from specref.core.errors import SpecrefError
 from specref.core.numbers import same_kind
 from specref.decoding.batched import PLACEHOLDER, batched_step, row_tolerance
-from specref.verification.levels.batched import batched_planner, default_batched_cases, run_batched
-from specref.verification.levels.batched import LEVELS as _BATCHED
+from specref.verification.levels.batched.steps import batched_planner, default_batched_cases, run_batched
+from specref.verification.levels.batched.steps import LEVELS as _BATCHED
 from specref.verification.running.level import Level, fixed_reference
 
 __all__ = [
@@ -149,7 +149,7 @@ def _metadata_seed(sampling_metadata):
     """``sampling_metadata.seed``: an int seed >= 0 (not a bool) or a generator with ``random()``."""
     seed = getattr(sampling_metadata, "seed", None)
     if seed is None:
-        raise SpecrefError("sampling_metadata must carry the oracle's seed (specref.verification.levels.engines."
+        raise SpecrefError("sampling_metadata must carry the oracle's seed (specref.verification.levels.batched.engines."
                            f"SamplingMetadata), got {type(sampling_metadata).__name__}: the vllm level's call ends "
                            "in sampling_metadata, as vLLM's rejection_sample does (an integer seed there was the "
                            "call of specref 0.2)")

@@ -244,20 +244,25 @@ class UserTreeCase:
             raise SpecrefError(f"UserTreeCase {name!r}: {e}") from None
         return cls(name, target, parents, tokens, **options)
 
+    def _parts(self) -> tuple:
+        """``(tree, slots, q rows)``, set by ``__post_init__``: an attribute, not a field, so that
+        ``dataclasses.fields`` (a case's shapes, ``replace``) sees only what the user gives."""
+        return self.__dict__["_drafted"]
+
     @property
     def tree(self) -> DraftTree:
         """The tree without its padding, nodes numbered in slot order."""
-        return self._drafted[0]
+        return self._parts()[0]
 
     @property
     def slots(self) -> tuple:
         """``slots[j]``: the slot of node ``j``."""
-        return self._drafted[1]
+        return self._parts()[1]
 
     @property
     def q_rows(self):
         """``[N, V]``: the q rows of the nodes (None for point masses)."""
-        return self._drafted[2]
+        return self._parts()[2]
 
     @property
     def sampled(self) -> bool:

@@ -42,7 +42,7 @@ as MRV2's sampler reads it and as the level builds it from a batch of ``R`` rows
 
 ``sampled`` may hold anything past ``num_sampled`` (MRV2 leaves it unset); the level writes -1
 there and hands ``(sampled, num_sampled)`` to the batched level's output checks and criterion
-(:mod:`specref.verification.levels.batched`: per-row chain-rule laws in exact mode, low-dimensional
+(:mod:`specref.verification.levels.batched.steps`: per-row chain-rule laws in exact mode, low-dimensional
 G-tests in statistical mode).
 
 **Exact logits.**  Logarithms of ``Fraction`` rows are not rational, so in exact mode the logits
@@ -71,9 +71,9 @@ import numpy as np
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
 from specref.decoding.batched import PLACEHOLDER, batched_step
-from specref.verification.levels.batched import LEVELS as _BATCHED
-from specref.verification.levels.batched import BatchedCase, batched_planner, default_batched_cases, run_batched
-from specref.verification.levels.engines import ExactLog
+from specref.verification.levels.batched.steps import LEVELS as _BATCHED
+from specref.verification.levels.batched.steps import BatchedCase, batched_planner, default_batched_cases, run_batched
+from specref.verification.levels.batched.engines import ExactLog
 from specref.verification.running.level import Level, fixed_reference
 from specref.verification.running.report import Report
 
@@ -105,7 +105,7 @@ REQUIRED = PARAMETERS[:11]
 """The arguments the level passes (the rest keep MRV2's defaults: strict rejection sampling)."""
 
 # ---------------------------------------------------------------- exact logarithms
-# ExactLog lives in specref.verification.levels.engines (the vllm level's exact mode uses it too).
+# ExactLog lives in specref.verification.levels.batched.engines (the vllm level's exact mode uses it too).
 
 
 def exact_logits(rows) -> np.ndarray:
@@ -145,7 +145,7 @@ def softmax(logits) -> np.ndarray:
 
 @dataclass(frozen=True, repr=False)
 class MRV2Case(BatchedCase):
-    """A :class:`~specref.verification.levels.batched.BatchedCase` with each row's temperature.
+    """A :class:`~specref.verification.levels.batched.steps.BatchedCase` with each row's temperature.
 
     ``temperature``: one value for every row, or one per row (a tuple of B).  ``T > 0``: the
     rows are the final distributions and the draft logits are handed as ``T log q``; ``T = 0``:
@@ -458,7 +458,7 @@ def default_mrv2_cases() -> list:
 
 
 def run_mrv2(level: Level, fn, cases, settings) -> Report:
-    """Each case through the batched level (:func:`~specref.verification.levels.batched.run_batched`)
+    """Each case through the batched level (:func:`~specref.verification.levels.batched.steps.run_batched`)
     with ``fn`` adapted to its rows (case ``i`` seeded ``settings.seed + i``); verdicts name the case."""
     for case in cases:
         _validate(case, settings.mode)

@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from itertools import islice
 from numbers import Integral
+from typing import Callable
 
 import numpy as np
 
@@ -205,7 +206,7 @@ def _other_conventions(spec, fn, case, settings, expected, tolerance):
             if compare(law_other, expected).tv <= tolerance:
                 continue
             try:
-                got = law(lambda rng: program(rng, rng), max_paths=settings.max_paths)
+                got = law(lambda rng, program=program: program(rng, rng), max_paths=settings.max_paths)
             except (Misbehaved, SpecrefError):
                 continue
             yield f"{name}={value!r}", got, law_other
@@ -220,6 +221,7 @@ def _reference(level, rules=None):
     if level == "step":
         return speculative_step
 
+    reference: Callable  # one of three calls
     if level == "logits":
         def reference(t, d, x, config, rng):
             return speculative_step(apply_rules(t, config, rules), apply_rules(d, config, rules), x, rng)
@@ -381,13 +383,16 @@ class _ChainCalls(Sampler):
     ``per_call`` to a call for an implementation that declares a batch."""
 
     coins = 0  # coins the oracle draws per sample
+    form: BatchForm | None  # the batch the implementation declares (set by each subclass's __init__)
 
+    # Sampler's two class attributes, read-only here (derived from the declared batch); nothing
+    # assigns them on a sampler it did not make, so the narrowing is safe
     @property
-    def per_call(self) -> int:
+    def per_call(self) -> int:  # type: ignore[override]
         return 1 if self.form is None else self.form.per_call
 
     @property
-    def names_calls(self) -> bool:
+    def names_calls(self) -> bool:  # type: ignore[override]
         return self.form is not None
 
     def block(self, gen, m):
@@ -577,6 +582,7 @@ def _program_of(level, fn, case, time_limit):
 def _plan_statistical(spec: Level, fn, case, settings: Settings, seed: int) -> CasePlan:
     """N over the case's target law, in calls of the declared batch (at most N), timed as the
     check makes them (:func:`~specref.verification.statistics.shards.timed_calls`)."""
+    assert spec.program is not None  # every chain level has one
     run_case = case.as_float()
     _, expected = spec.program(fn, run_case, settings.time_limit)
     n = planned_n(settings, np.array([float(w) for w in expected.values()] + [0.0]))
@@ -589,6 +595,7 @@ def _plan_statistical(spec: Level, fn, case, settings: Settings, seed: int) -> C
 def _plan_exact(spec: Level, fn, case, settings: Settings, seed: int) -> CasePlan:
     """N: the paths of the reference's enumeration of the case (over ``max_paths``: the note says
     so); timed: runs of the case's program on a generator seeded ``seed``, each one call."""
+    assert spec.program is not None  # every chain level has one
     _, expected = spec.program(fn, case, settings.time_limit)
     reference, _ = spec.program(spec.reference_for(rules_of(fn)), case, settings.time_limit)
     try:
@@ -616,8 +623,9 @@ def _positive_batch(batch) -> int:
 def _declared_batch(fn, size: int):
     """``fn`` declared to take ``size`` samples per call; a batch declared already keeps its array, device and dtype."""
     form = batch_of(fn)
-    kw = {} if form is None else dict(array=form.array, device=form.device, dtype=form.dtype)
-    return declare_batch(fn, size, **kw)
+    if form is None:
+        return declare_batch(fn, size)
+    return declare_batch(fn, size, array=form.array, device=form.device, dtype=form.dtype)
 
 
 BATCH = Option("batch", "samples per call", phrase="batch (samples per call) applies", check=_positive_batch,
@@ -634,7 +642,9 @@ RULES = Option("rules", "the implementation's declared sampler (rule order, or i
 
 def _chain_level(name: str, signature: str, program, shorthand: str, *, tables: str | None = None,
                  options=(BATCH, RULES)) -> Level:
-    return Level(name, signature, partial(default_cases, name), run_programs, tables=tables, program=program,
+    # default_cases is looked up when the cases are asked for (not bound here), so replacing it in this
+    # module changes what the level runs
+    return Level(name, signature, lambda: default_cases(name), run_programs, tables=tables, program=program,
                  validate=_check_case, reference=partial(_reference, name), planner=_plan_statistical,
                  exact_planner=_plan_exact, options=options, shorthand=shorthand)
 

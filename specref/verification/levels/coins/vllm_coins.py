@@ -12,7 +12,7 @@ vLLM V1 draws its randomness inside two functions of ``vllm/v1/sample/rejection_
   ``argmax_v s[v] * inv_q[b, v]`` with ``s = max(p - q, 0)`` (``p`` without the draft token for
   point-mass drafts), an exponential race.
 
-The seam.  The level hands vLLM's own call (:data:`~specref.verification.levels.engines.VLLM_CALL`)
+The seam.  The level hands vLLM's own call (:data:`~specref.verification.levels.batched.engines.VLLM_CALL`)
 with ``sampling_metadata`` a :class:`CoinMetadata`, which carries the coins instead of a seed:
 ``uniform_probs [T]`` float64 and ``exponentials [B, V]`` float32.  A function written in
 vLLM's call reads them there.  For a real ``rejection_sample``,
@@ -49,7 +49,7 @@ The law, in two parts (SPEC §11.11).
    ``not an exponential race``.
 
 The case's status is the worse of the parts; its TV is ``TV_1 + sum_{b, n} P(R at b, n) TV_2(b, n)``,
-a bound on the TV of the whole law.  Cases are :class:`~specref.verification.levels.coins.CoinCase`
+a bound on the TV of the whole law.  Cases are :class:`~specref.verification.levels.coins.kernels.CoinCase`
 with ``dtype="float64"`` (vLLM's coins) whose rows are float32 values whose float32 softmax of
 ``log p`` is ``p`` again (checked): the engine takes ``target_logits`` and applies the softmax
 itself, in float32.
@@ -68,10 +68,10 @@ import numpy as np
 from specref.core.errors import SpecrefError
 from specref.verification.laws.coins import CoinBudgetError, NotPiecewiseConstant, coin_law
 from specref.verification.laws.enumeration import compare
-from specref.verification.levels.batched import parse_output
-from specref.verification.levels.coins import (BOUNDARY, NOT_PIECEWISE, CoinCase, _exact_in, _exact_only,
+from specref.verification.levels.batched.steps import parse_output
+from specref.verification.levels.coins.kernels import (BOUNDARY, NOT_PIECEWISE, CoinCase, _exact_in, _exact_only,
                                                _grid_reference, _row_thresholds, _validate_coin_case, _verdict)
-from specref.verification.levels.engines import VLLM_CALL, SamplingMetadata
+from specref.verification.levels.batched.engines import VLLM_CALL, SamplingMetadata
 from specref.verification.levels.runner import run_cases
 from specref.verification.running.calling import Misbehaved, call
 from specref.verification.running.level import Level, fixed_reference
@@ -435,7 +435,7 @@ def default_vllm_coin_cases() -> list:
     rows that survive the engine's float32 softmax, a draft of ``p = 0`` in each, ragged and point-mass.
     8 uniform probes per coin search, not 16: every acceptance threshold is probed as a candidate
     anyway, and an interpreted engine pays about 17 ms per request per call."""
-    from specref.verification.levels.coins import default_coin_cases  # noqa: PLC0415 - the same rows
+    from specref.verification.levels.coins.kernels import default_coin_cases  # noqa: PLC0415 - the same rows
 
     out = []
     for c in default_coin_cases():

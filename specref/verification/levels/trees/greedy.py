@@ -59,6 +59,7 @@ import functools
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -202,7 +203,7 @@ def argmax_law(tree: DraftTree, rows, ties: str = "lowest") -> dict:
 
 
 def _batch_law(case, ties) -> dict:
-    expected = {(): Fraction(1)}
+    expected: dict[tuple, Fraction] = {(): Fraction(1)}
     for tree, rows in zip(case.trees, case.target):
         one = argmax_law(tree, np.asarray(rows), ties)
         expected = {k + (o,): w * v for k, w in expected.items() for o, v in one.items()}
@@ -247,12 +248,12 @@ def declare_ties(fn, ties: str):
     if ties not in TIES:
         raise SpecrefError(f"ties must be one of {TIES}, got {ties!r}")
 
-    @functools.wraps(fn)
     def declared(*args, **kwargs):
         return fn(*args, **kwargs)
 
-    declared.specref_ties = ties
-    return declared
+    wrapped: Any = functools.wraps(fn)(declared)  # fn's name and docstring, and one attribute more
+    wrapped.specref_ties = ties
+    return wrapped
 
 
 def ties_of(fn) -> str:
@@ -396,7 +397,8 @@ def greedy_step_reference(tree, p_target, rng=None, *, ties: str = "lowest"):
     """Specref's reference in the step form: the greedy rule with argmax ties ``ties``
     (``"split"``: each node's choice drawn from ``rng`` with ``rng.choice``)."""
     rows = np.asarray(p_target)
-    path, cur = [], 0
+    path: list[int] = []
+    cur = 0
     while True:
         options = _choices(rows[cur], ties)
         t = options[0] if len(options) == 1 else int(rng.choice(options))

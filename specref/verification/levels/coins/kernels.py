@@ -13,7 +13,7 @@ its dtype (``m = 24`` for float32, 53 for float64: the values real RNGs produce,
   ``final_coins[b]`` draws the residual token after a rejection, or the bonus token.  Rows and coins
   come as NumPy arrays of the case's dtype (the rows hold the case's probabilities exactly).  Per
   draft tuple of :attr:`CoinCase.drafts` the joint law of the B rows' outputs must be the product of
-  the rows' laws given their drafts (:func:`specref.verification.levels.batched.row_law`).
+  the rows' laws given their drafts (:func:`specref.verification.levels.batched.steps.row_law`).
 - ``"tree_coins"``: ``kernel(candidates [B, N], retrive_next_token [B, N], retrive_next_sibling [B, N],
   uniform_samples [B, N], uniform_final [B], target_probs [B, N, V]) -> (accept_index [B, S],
   next_tokens [B])`` (SGLang's call; lists for the links, arrays of the case's dtype for coins and
@@ -21,7 +21,7 @@ its dtype (``m = 24`` for float32, 53 for float64: the values real RNGs produce,
   coin law for each tree tuple, and completes each row's emitted tokens to ``depth + 1`` by target
   sampling (a product of conditionals, composed rather than enumerated); the joint law of the blocks
   must be the product of the target laws.  The reference on the grid is
-  :func:`~specref.verification.levels.trees.batched_reference_kernel` on lazy uniforms.
+  :func:`~specref.verification.levels.trees.sampled.batched_reference_kernel` on lazy uniforms.
 
 The rule (verdicts).  On grid coins the law of even a perfect kernel can differ from the closed form
 by ``2^-m`` per threshold that is not a grid point (``P(u < t)`` is ``t`` rounded up to the grid).
@@ -64,9 +64,9 @@ from specref.decoding.chain import next_token_probs
 from specref.decoding.tree import draft_tree, tree_rows
 from specref.verification.laws.coins import CoinBudgetError, NotPiecewiseConstant, coin_law, describe_cell, grid_bits
 from specref.verification.laws.enumeration import compare, law, target_law
-from specref.verification.levels.batched import BatchedCase, parse_output, row_law
+from specref.verification.levels.batched.steps import BatchedCase, parse_output, row_law
 from specref.verification.levels.runner import run_cases
-from specref.verification.levels.trees import TreeCase, batched_reference_kernel, memo_rows
+from specref.verification.levels.trees.sampled import TreeCase, batched_reference_kernel, memo_rows
 from specref.verification.running.calling import Misbehaved, call, foreign
 from specref.verification.running.level import Level, fixed_reference
 from specref.verification.running.report import BUDGET, DIFFERS, INVALID, OK, CaseResult
@@ -134,7 +134,7 @@ class CoinCase:
         return grid_bits(self.dtype)
 
     def batched(self) -> BatchedCase:
-        """The same rows as a :class:`~specref.verification.levels.batched.BatchedCase` (for ``row_law``)."""
+        """The same rows as a :class:`~specref.verification.levels.batched.steps.BatchedCase` (for ``row_law``)."""
         B, K1, V = self.shape
         proposal = None
         if self.q_draft is None:  # any positive proposal: the law given the drafts does not depend on it
@@ -149,6 +149,7 @@ class CoinCase:
             return [_pad(np.array([list(r) + [PLACEHOLDER] * (K - len(r)) for r in t], dtype=np.int64), k)
                     for t in self.drafts]
         d = self.batched().drafts_from
+        assert d is not None  # batched() gives a proposal when q_draft is None
         per_row = []
         for b in range(B):
             per_row.append([x for x in itertools.product(range(V), repeat=int(k[b]))
@@ -315,7 +316,10 @@ def _cell_words(cell, bits, names, cands) -> list:
     points, words = [], []  # single grid points first
     for d, (lo, hi) in enumerate(cell):
         if hi - lo == 1:
-            points.append(describe_cell(((lo, hi),), bits, lambda _: names(d)))
+            def name(_, d=d):  # this cell's one coin is coin d
+                return names(d)
+
+            points.append(describe_cell(((lo, hi),), bits, name))
             continue
         marks = {math.ceil(t * size): t for t in cands.get(d, ())}
         for end, side in ((lo, ">="), (hi, "<")):
@@ -458,8 +462,8 @@ def _batched_coin_case(kernel, case, settings):
             return tuple(tuple(int(t) for t in tokens[b, :n[b]]) for b in range(B))
 
         try:
-            got = coin_law(f, B * K1, dtype=dtype, probes=case.probes, candidates=lambda d: cands[d],
-                           max_evals=max(1, budget))
+            got = coin_law(f, B * K1, dtype=dtype, probes=case.probes,
+                           candidates=lambda d, cands=cands: cands[d], max_evals=max(1, budget))
         except NotPiecewiseConstant as e:
             return CaseResult(case, NOT_PIECEWISE, detail=f"drafts {x.tolist()}: {e} (coins: "
                                                           f"{', '.join(names(d) for d in range(B * K1))})")
@@ -605,7 +609,7 @@ def _tree_coin_laws(kernel, case: TreeCoinCase, settings, stats):
     Composed rather than enumerated whole: the law of the drafted trees (enumerated), for each tree
     tuple the kernel's coin law of (path, next token) per row, then each row's emitted tokens
     completed to ``depth + 1`` by target sampling (product of conditionals).  The reference is
-    :func:`~specref.verification.levels.trees.batched_reference_kernel` on lazy uniforms on the same grid.
+    :func:`~specref.verification.levels.trees.sampled.batched_reference_kernel` on lazy uniforms on the same grid.
 
     Over 60 lines on purpose: five small closures (``kernel_law``, ``drafting``,
     ``reference_law``, ``complete``, ``blocks``; the longest 40 lines) share the case's memo of
@@ -639,8 +643,10 @@ def _tree_coin_laws(kernel, case: TreeCoinCase, settings, stats):
             except Misbehaved as m:
                 raise Misbehaved(m.status, f"{m.detail} (at {at})") from None
 
-        names = (lambda d: f"uniform_samples[{d // (N + 1)}, {d % (N + 1)}]" if d % (N + 1) < N
-                 else f"uniform_final[{d // (N + 1)}]")
+        def names(d):
+            return (f"uniform_samples[{d // (N + 1)}, {d % (N + 1)}]" if d % (N + 1) < N
+                    else f"uniform_final[{d // (N + 1)}]")
+
         got = coin_law(f, batch * (N + 1), dtype=dtype, probes=case.probes, candidates=lambda d: cands[d],
                        max_evals=max(1, settings.max_paths - stats["evaluations"]))
         stats["evaluations"] += got.evaluations
@@ -697,7 +703,8 @@ def _tree_coin_laws(kernel, case: TreeCoinCase, settings, stats):
         return out
 
     drafted: dict = {}
-    got_prefixes, ref_prefixes = {}, {}
+    got_prefixes: dict = {}
+    ref_prefixes: dict = {}
     for key, w in law(drafting, max_paths=settings.max_paths).items():
         trees, p_rows = drafted[key]
         for out, v in kernel_law(trees, p_rows).items():
@@ -707,7 +714,7 @@ def _tree_coin_laws(kernel, case: TreeCoinCase, settings, stats):
             e = emitted(trees, out)
             ref_prefixes[e] = ref_prefixes.get(e, 0) + w * v
     one = target_law(target, prompt, config, depth + 1)
-    closed = {(): Fraction(1)}
+    closed: dict[tuple, Fraction] = {(): Fraction(1)}
     for _ in range(batch):
         closed = {key + (o,): w * v for key, w in closed.items() for o, v in one.items()}
     grid = blocks(ref_prefixes)
@@ -747,7 +754,7 @@ def _tree_output(out, trees, V) -> tuple:
 def _impossible_kernel_outputs(stats, target_row):
     """Kernel outputs (per coin law) that emit a token of target probability 0 after its prefix."""
     found = []
-    for cl, names, cands, trees in stats["laws"]:
+    for cl, _names, _cands, trees in stats["laws"]:
         for o in cl:
             for b, (path, token) in enumerate(o):
                 block = [trees[b].tokens[n] for n in path] + [token]

@@ -163,7 +163,7 @@ class BatchedCase:
         return np.full(B, K1 - 1, dtype=np.int64) if self.num_draft is None else np.array(self.num_draft, dtype=np.int64)
 
     @property
-    def drafts_from(self) -> np.ndarray:
+    def drafts_from(self) -> np.ndarray | None:
         return self.q_draft if self.q_draft is not None else self.proposal
 
     @property
@@ -172,7 +172,8 @@ class BatchedCase:
 
     def as_float(self) -> "BatchedCase":
         f = lambda a: None if a is None else np.asarray(a, dtype=np.float64)  # noqa: E731
-        return replace(self, p_target=f(self.p_target), q_draft=f(self.q_draft), proposal=f(self.proposal))
+        return replace(self, p_target=np.asarray(self.p_target, dtype=np.float64), q_draft=f(self.q_draft),
+                       proposal=f(self.proposal))
 
     def __repr__(self):
         B, K1, V = self.shape
@@ -729,8 +730,9 @@ def _row_pair_lengths(lengths: list, B: int) -> list:
                 continue
             seen.add((a, c))
             null = np.outer(lengths[a], lengths[c]).reshape(-1)
+            n_c = len(lengths[c])
             stats.append(_Stat(f"accepted lengths of rows {a} and {c} at batch distance {dist}", null,
-                               lambda la, lb, ka=len(lengths[c]): la * ka + lb, (a, c), dist))
+                               lambda la, lb, ka=n_c: la * ka + lb, (a, c), dist))
     return stats
 
 
@@ -857,7 +859,7 @@ class _Runner(Sampler):
         tile = lambda a: _as_array(np.tile(a, (self.copies, 1, 1)), case.array, case.dtype, case.device)  # noqa: E731
         self.p_in = tile(f.p_target)  # [copies B, K+1, V]
         self.q_in = None if f.q_draft is None else tile(f.q_draft)  # [copies B, K, V]
-        self.draft_cdf = None
+        self.draft_cdf: np.ndarray | None = None
         if self.level == "batched":
             cdf = np.cumsum(f.drafts_from, axis=2)  # [B, K, V]
             self.draft_cdf = cdf / cdf[:, :, -1:]
@@ -877,12 +879,15 @@ class _Runner(Sampler):
         p_in = _fresh(self.p_in if size == self.copies else self.p_in[:rows])
         q_in = None if self.q_in is None else _fresh(self.q_in if size == self.copies else self.q_in[:rows])
         call_seed = int(gen.integers(2 ** 63))
+        args: tuple
         if self.level == "batched":
+            cdf = self.draft_cdf
+            assert cdf is not None  # made in __init__ for the batched level
             x = np.full((rows, K), PLACEHOLDER, dtype=np.int64)  # [B size, K]
             u = gen.random((size, B, K))
             for b in range(B):
                 for i in range(int(k[b])):
-                    x[b::B, i] = np.minimum(np.searchsorted(self.draft_cdf[b, i], u[:, b, i], side="right"), V - 1)
+                    x[b::B, i] = np.minimum(np.searchsorted(cdf[b, i], u[:, b, i], side="right"), V - 1)
             x_in = _fresh(x) if self.case.array == "numpy" else _as_array(x, "torch", np.int64, self.case.device)
             args = (p_in, q_in, x_in, call_seed)
         else:
@@ -1075,13 +1080,15 @@ ARRAY = Option("array", "what the rows are handed as in statistical mode: 'numpy
                for_cases=lambda cases, array: [replace(c, array=array) for c in cases])
 """``array="torch"`` hands the implementation torch tensors in statistical mode."""
 
+# The default cases are looked up when asked for (a lambda, not a partial): a test or a user that
+# replaces default_batched_cases in this module changes what the levels run.
 LEVELS = (
     Level("batched", "step_fn(p_target [B, K+1, V], q_draft [B, K, V] | None, draft_tokens [B, K], seed) "
-                     "-> [B, K+1] padded with -1", partial(default_batched_cases, "batched"), run_batched,
+                     "-> [B, K+1] padded with -1", lambda: default_batched_cases("batched"), run_batched,
           validate=_validate, reference=fixed_reference(batched_step), planner=batched_planner("batched"),
           options=(ARRAY,), shorthand="check_batched_step"),
     Level("draft_and_verify", "step_fn(p_target [B, K+1, V], q_draft [B, K, V], seed) -> [B, K+1] padded with -1",
-          partial(default_batched_cases, "draft_and_verify"), run_batched, validate=_validate,
+          lambda: default_batched_cases("draft_and_verify"), run_batched, validate=_validate,
           reference=fixed_reference(batched_draft_and_verify), planner=batched_planner("draft_and_verify"),
           options=(ARRAY,), shorthand="check_draft_and_verify"),
 )
