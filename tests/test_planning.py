@@ -104,7 +104,7 @@ PLAN_FRESH = textwrap.dedent("""
     from specref.core.step import speculative_step
     from specref.decoding.chain import speculative_decode
     from specref.verification.levels import LEVELS
-    from specref.verification.oracle import EXACT_ONLY, _reference_of
+    from specref.verification.oracle import EXACT_ONLY, STATISTICAL_ONLY, _reference_of
 
     def step(p, q, x, rng):
         return speculative_step(p, q, x, coerce_rng(rng))
@@ -127,6 +127,14 @@ PLAN_FRESH = textwrap.dedent("""
                     print(level, mode, "refused", 0)
                     continue
                 raise AssertionError(level)
+            if mode == "exact" and level in STATISTICAL_ONLY:
+                try:
+                    plan(level, fn, mode=mode, quiet=True)
+                except SpecrefError as e:
+                    assert level in str(e) and "statistical only" in str(e), e
+                    print(level, mode, "refused", 0)
+                    continue
+                raise AssertionError(level)
             rows = plan(level, fn, LEVELS[level].cases()[:2], mode=mode, calls=1, quiet=True,
                         samples=100 if mode == "statistical" else None)
             bad = [r for r in rows if r.eta_s is None or r.seconds_per_call is None or r.first_call_s is None
@@ -140,10 +148,10 @@ def test_plan_works_at_every_level_and_mode_in_a_fresh_process():
     """The first two default cases of every registered level, each with specref's own implementation
     there, statistical and exact mode, with nothing imported before the planning module
     (``plan(..., mode="statistical")`` once raised a raw TypeError): every row has N, its calls, the
-    first and the warm calls timed and an ETA; statistical mode at an exact-only level is refused,
-    naming the level and the mode."""
+    first and the warm calls timed and an ETA; statistical mode at an exact-only level, and exact
+    mode at a statistical-only one, is refused, naming the level and the mode."""
     from specref.verification.levels import LEVELS
-    from specref.verification.oracle import EXACT_ONLY
+    from specref.verification.oracle import EXACT_ONLY, STATISTICAL_ONLY
 
     out = subprocess.run([sys.executable, "-c", PLAN_FRESH], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -151,7 +159,7 @@ def test_plan_works_at_every_level_and_mode_in_a_fresh_process():
     assert [line[:2] for line in lines] == [[lv, m] for lv in LEVELS for m in ("statistical", "exact")]
     for level, mode, n_cases, n in lines:
         if n_cases == "refused":
-            assert level in EXACT_ONLY and mode == "statistical"
+            assert (level in EXACT_ONLY and mode == "statistical") or (level in STATISTICAL_ONLY and mode == "exact")
         else:
             assert int(n) == (100 * int(n_cases) if mode == "statistical" else int(n)) and int(n) >= int(n_cases)
 

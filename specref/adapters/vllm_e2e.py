@@ -74,7 +74,7 @@ MARKER = ".specref-complete"
 SAMPLING_EPS = 1e-5  # vllm/v1/sample/sampler.py: a temperature below this is greedy
 DRIVER = Path(__file__).with_name("vllm_e2e_driver.py")
 MAX_N = 16384  # vLLM 0.32.0's largest n per request (VLLM_MAX_N_SEQUENCES)
-PATCHES = ("expand", "empty_top_k")  # repairs of vLLM's own code the driver can apply (vllm_e2e_driver._apply_patches)
+PATCHES = ("expand", "empty_top_k")  # repairs of vLLM's own code the driver can apply (vllm_e2e_driver.apply_patches)
 
 
 # ---------------------------------------------------------------- the environment

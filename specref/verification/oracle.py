@@ -184,6 +184,9 @@ _MISBEHAVED = (RAISED, INVALID, TIMEOUT, ARITHMETIC, CRASHED, BUDGET, RNG_MISUSE
 EXACT_ONLY = tuple(name for name, lv in LEVELS.items() if not lv.statistical)
 """specref's levels without a statistical mode (coins in, exact out): ``Level.statistical`` is False (0.2 name)."""
 
+STATISTICAL_ONLY = tuple(name for name, lv in LEVELS.items() if not lv.exact)
+"""specref's levels without an exact mode (float logits, an engine's own generators): ``Level.exact`` is False."""
+
 
 def _reference_of(level: str | Level, rules=None):
     """specref's own implementation at ``level`` (``Level.reference_for``; None where it has none; 0.2 name)."""
@@ -225,6 +228,9 @@ def plan_rows(spec: Level, fn, cases, settings: Settings, *, calls: int, isolate
     if settings.mode == "statistical" and not spec.statistical:
         raise SpecrefError(f"the {spec.name} level has no statistical mode (coins in, exact out): plan it with "
                            f"mode='exact', got mode='statistical'")
+    if settings.mode == "exact" and not spec.exact:
+        raise SpecrefError(f"the {spec.name} level is statistical only (no exact mode): plan it with "
+                           f"mode='statistical', got mode='exact'")
     return [_plan_case(spec, fn, case, settings, settings.seed + i, calls, isolate) for i, case in enumerate(cases)]
 
 

@@ -86,6 +86,7 @@ class Level:
     validate: Callable | None = None  # (level, case, settings) -> None; SpecrefError for a malformed case
     reference: Callable[[Any], Callable] | None = None  # (declared rules or None) -> specref's own implementation
     statistical: bool = True  # False: coins in, exact out (no statistical mode)
+    exact: bool = True  # False: statistical only (float logits, an engine's own generators)
     planner: Callable | None = None  # (level, fn, case, settings, seed) -> CasePlan, statistical mode
     exact_planner: Callable | None = None  # the same in exact mode
     options: tuple[Option, ...] = ()  # the level's own keywords
