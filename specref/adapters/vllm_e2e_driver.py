@@ -23,6 +23,9 @@ imports nothing from specref, only the standard library and vLLM.  It is started
   (counters and gauges by name; vectors as lists);
 - ``{"op": "exit"}`` (or the end of its input): exits 0.
 
+Started as ``vllm_e2e_driver.py --serve ARGS`` it runs vLLM's OpenAI-compatible server instead
+(:func:`serve`), after the same repairs.
+
 ``SPECREF_VLLM_PATCHES`` (comma-separated names, :func:`apply_patches`) repairs vLLM's own code
 before any engine is built: the differential check that localises a departure.
 
@@ -236,5 +239,17 @@ def main() -> int:
     return 0
 
 
+def serve(args) -> int:
+    """``--serve ARGS``: vLLM's OpenAI-compatible server (``vllm.entrypoints.openai.api_server`` with ARGS), after
+    the repairs named in ``SPECREF_VLLM_PATCHES`` (used by :class:`specref.adapters.openai_server.VLLMServer`)."""
+    import runpy
+
+    _die_with_parent()
+    apply_patches([p for p in os.environ.get("SPECREF_VLLM_PATCHES", "").split(",") if p])
+    sys.argv = ["vllm.entrypoints.openai.api_server", *args]
+    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(sys.argv[2:]) if sys.argv[1:2] == ["--serve"] else main())
