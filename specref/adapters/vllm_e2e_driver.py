@@ -178,8 +178,7 @@ def _serve(pipe, command, llm):
 
     op = command.get("op")
     try:
-        if op == "engine":  # a new engine; the one before it (if any) is shut down first
-            llm = _close(llm)
+        if op == "engine":  # a new engine; main() has shut the one before it down
             start = time.perf_counter()
             try:
                 llm = LLM(**command["llm"])
@@ -232,6 +231,11 @@ def main() -> int:
         command = json.loads(line)
         if command.get("op") == "exit":
             break
+        if command.get("op") == "engine":
+            # the engine before it is shut down and dropped here, before the new one is built: an LLM that is
+            # still referenced while the next is built tears that one's process groups down when it is freed
+            # ("pipeline model parallel group is not initialized" in the next engine's first step)
+            llm = _close(llm)
         llm, status = _serve(pipe, command, llm)
         if status is not None:
             return status
