@@ -104,24 +104,32 @@ def test_the_reference_passes():
     assert [r.case.name for r in report.results] == [c.name for c in default_sampler_cases()]
 
 
-def _module(judged=lambda r, b: r, bonus=lambda r, b: r):
-    """A sampler module in the level's call whose judged rows use ``judged(request, b)`` and whose
-    bonus row uses ``bonus(request, b)``: specref's reference with the glue changed."""
+def _module(judged=lambda r: r, bonus=lambda r: r):
+    """A sampler module in the level's call whose judged rows use ``judged(request)`` and whose bonus
+    row uses ``bonus(request)``: specref's reference with the glue changed (rows of equal parameters
+    transformed together)."""
 
     def fn(metadata, draft_probs, logits, sampling_metadata):
         k = np.asarray(metadata.num_draft_tokens)
         B, K, V = len(k), int(k.max()), logits.shape[-1]
-        p, drafts = np.zeros((B, K + 1, V)), np.full((B, K), -1)
-        q = None if draft_probs is None else np.full((B, K, V), 1.0 / V)
-        starts = np.concatenate([[0], np.cumsum(k)[:-1]]).astype(int)
+        live = np.arange(K)[None, :] < k[:, None]
         z = np.asarray(logits, dtype=np.float64)
+        index = np.zeros((B, K), dtype=int)
+        index[live] = metadata.target_logits_indices
+        p = np.zeros((B, K + 1, V))
+        groups = {}
         for b, request in enumerate(sampling_metadata.requests):
-            own = metadata.target_logits_indices[starts[b]: starts[b] + k[b]]
-            p[b, : k[b]] = sampling_rows(z[own], judged(request, b)) if k[b] else p[b, :0]
-            p[b, k[b]:] = sampling_rows(z[[metadata.bonus_logits_indices[b]]], bonus(request, b))
-            drafts[b, : k[b]] = metadata.draft_token_ids[starts[b]: starts[b] + k[b]]
-            if q is not None:
-                q[b, : k[b]] = draft_probs[starts[b]: starts[b] + k[b]]
+            groups.setdefault((judged(request), bonus(request)), []).append(b)
+        for (j, bo), rows in groups.items():
+            p[rows, :K] = sampling_rows(z[index[rows].reshape(-1)], j).reshape(len(rows), K, V)
+            p[rows, K] = sampling_rows(z[metadata.bonus_logits_indices[rows]], bo)
+        p[:, :K][~live] = p[:, K][np.nonzero(~live)[0]]  # past k_b: the bonus row (batched_step reads row k_b)
+        drafts = np.full((B, K), -1)
+        drafts[live] = metadata.draft_token_ids
+        q = None
+        if draft_probs is not None:
+            q = np.full((B, K, V), 1.0 / V)
+            q[live] = draft_probs
         return batched_step(p, q, drafts, sampling_metadata.seed, num_draft=k).tokens
 
     return fn
@@ -144,13 +152,13 @@ WRONG = {
 def _wrong(name):
     what = WRONG[name]
     if what == "greedy":
-        return _module(judged=lambda r, b: replace(r, kind="temperature", temperature=1.0) if r.kind == "greedy" else r)
+        return _module(judged=lambda r: replace(r, kind="temperature", temperature=1.0) if r.kind == "greedy" else r)
     if what == "top_k":
-        return _module(judged=lambda r, b: replace(r, top_k=None))
+        return _module(judged=lambda r: replace(r, top_k=None))
     if what == "top_p":
-        return _module(judged=lambda r, b: replace(r, top_p=1.0))
+        return _module(judged=lambda r: replace(r, top_p=1.0))
     if what == "bonus":
-        return _module(bonus=lambda r, b: r if r.kind == "greedy" else replace(r, temperature=1.0, top_k=None, top_p=1.0))
+        return _module(bonus=lambda r: r if r.kind == "greedy" else replace(r, temperature=1.0, top_k=None, top_p=1.0))
 
     def fn(metadata, draft_probs, logits, sampling_metadata):
         first = _first_sampled(sampling_metadata.requests)

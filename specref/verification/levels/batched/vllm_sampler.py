@@ -287,19 +287,26 @@ def vllm_sampler_reference(metadata, draft_probs, logits, sampling_metadata):
         check_probability_rows("draft_probs", draft_probs)
     k = np.asarray(metadata.num_draft_tokens, dtype=np.int64)
     B, K, V = len(k), int(k.max()), logits.shape[-1]
+    starts = np.concatenate([[0], np.cumsum(k)[:-1]]).astype(np.int64)
+    live = np.arange(K)[None, :] < k[:, None]  # [B, K]: the judged positions
+    index = np.empty((B, K + 1), dtype=np.int64)  # the logits row of each position; past k_b: the bonus row again
+    index[:, :K][live] = np.asarray(metadata.target_logits_indices, dtype=np.int64)[np.concatenate(
+        [s + np.arange(n) for s, n in zip(starts, k)] or [np.zeros(0, dtype=np.int64)]).astype(np.int64)]
+    bonus = np.asarray(metadata.bonus_logits_indices, dtype=np.int64)
+    index[:, :K][~live] = np.repeat(bonus, K - k)
+    index[:, K] = bonus
     p = np.zeros((B, K + 1, V))
-    q = None if draft_probs is None else np.zeros((B, K, V))
-    drafts = np.full((B, K), PLACEHOLDER, dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(k)[:-1]])
+    by_request: dict = {}  # the rows of every request with the same parameters, transformed at once
     for b, request in enumerate(sampling_metadata.requests):
-        rows = logits[np.concatenate([metadata.target_logits_indices[starts[b]: starts[b] + k[b]],
-                                      [metadata.bonus_logits_indices[b]]]).astype(np.int64)]
-        p[b, : k[b] + 1] = sampling_rows(rows, request)
-        p[b, k[b] + 1:] = p[b, k[b]]  # unread padding
-        drafts[b, : k[b]] = metadata.draft_token_ids[starts[b]: starts[b] + k[b]]
-        if q is not None:
-            q[b, : k[b]] = np.asarray(to_numpy(draft_probs), dtype=np.float64)[starts[b]: starts[b] + k[b]]
-            q[b, k[b]:] = 1.0 / V
+        by_request.setdefault(request, []).append(b)
+    for request, rows in by_request.items():
+        p[rows] = sampling_rows(logits[index[rows].reshape(-1)], request).reshape(len(rows), K + 1, V)
+    drafts = np.full((B, K), PLACEHOLDER, dtype=np.int64)
+    drafts[live] = np.asarray(metadata.draft_token_ids, dtype=np.int64)
+    q = None
+    if draft_probs is not None:
+        q = np.full((B, K, V), 1.0 / V)  # unread padding past k_b
+        q[live] = np.asarray(to_numpy(draft_probs), dtype=np.float64)
     return np.asarray(batched_step(p, q, drafts, int(sampling_metadata.seed), num_draft=k).tokens)
 
 
