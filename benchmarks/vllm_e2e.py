@@ -16,6 +16,7 @@ Needs the environment of ``scripts/make_vllm_env.py``.
     python benchmarks/vllm_e2e.py --out benchmarks/out/vllm_e2e.json
     python benchmarks/vllm_e2e.py --tv 0.01 --alpha 1e-6 --out vllm_e2e_planned.json
     python benchmarks/vllm_e2e.py --table benchmarks/out/vllm_e2e.json   # the table in docs/results/vllm-e2e.md
+    python benchmarks/vllm_e2e.py --rejudge benchmarks/out/vllm_e2e_planned.json   # verdicts at the record's alpha
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def run(args) -> dict:
             for ngram in (False, True):
                 with VLLMEngine(patches=patches) as engine:
                     r = run_path(engine, f"speculation off{', n-gram prompt' if ngram else ''}", target,
-                                 requests(target, tv=args.tv, alpha=args.alpha, ngram=ngram), seed=args.seed)
+                                 requests(target, tv=args.tv, alpha=args.alpha, ngram=ngram), seed=args.seed,
+                                 alpha=args.alpha)
                 plain[ngram] = r.samples_per_second
                 rows.append(row(r, r.samples_per_second))
                 print(rows[-1]["path"], [(v["request"], v["n"], v["ok"], v["p"]) for v in rows[-1]["verdicts"]],
@@ -100,7 +102,8 @@ def run(args) -> dict:
                 batch = [r for r in batch if r.config.top_k is None]
             try:
                 with VLLMEngine(patches=patches) as engine:
-                    r = run_path(engine, label + name, target, batch, speculative_config=config, seed=args.seed)
+                    r = run_path(engine, label + name, target, batch, speculative_config=config, seed=args.seed,
+                                 alpha=args.alpha)
             except SpecrefError as e:  # as shipped, a batch may crash the engine: that is the row's verdict
                 rows.append(dict(path=label + name, speculative_config=config, error=str(e)[:500], verdicts=[],
                                  acceptance_per_position=[], samples_per_second=None, versus_plain=None))
@@ -116,18 +119,40 @@ def run(args) -> dict:
 
 def table(record) -> str:
     lines = ["| path | request | N | verdict | p | TV [99% interval] | detects TV >= | acceptance per position "
-             "| samples/s (x plain) |", "|---|---|---:|---|---:|---|---:|---|---:|"]
+             "| samples/s (x plain) | seconds (start + generate) |", "|---|---|---:|---|---:|---|---:|---|---:|---:|"]
     for r in record["rows"]:
         acc = ", ".join(f"{a:.3f}" for a in r["acceptance_per_position"]) or "-"
         rate = f"{r['samples_per_second']:.0f} ({r['versus_plain']:.2f})" if r["versus_plain"] else "-"
+        seconds = f"{r['start_seconds']:.0f} + {r['generate_seconds']:.0f}" if "generate_seconds" in r else "-"
         if r.get("error"):
-            lines.append(f"| {r['path']} | all | - | engine failed inside a step: {r['error'][:120]} | | | | | |")
+            lines.append(f"| {r['path']} | all | - | engine failed inside a step: {r['error'][:120]} | | | | | | |")
         for v in r["verdicts"]:
             verdict = "ok" if v["ok"] else "DIFFERS"
             lines.append(f"| {r['path']} | {v['request']} | {v['n']:,} | {verdict} | {v['p']:.3g} | {v['tv']:.3f} "
                          f"[{v['tv_interval'][0]:.3f}, {v['tv_interval'][1]:.3f}] | {v['detectable_tv']:.3f} | {acc} "
-                         f"| {rate} |")
+                         f"| {rate} | {seconds} |")
     return "\n".join(lines)
+
+
+def rejudge(record) -> dict:
+    """The record's verdicts at its own ``alpha``, from the same laws: until the run passed ``alpha`` on,
+    each request was judged at 1e-3 whatever ``--alpha`` planned N for.  The G-test's p and the TV
+    interval do not depend on alpha; ``ok`` (p > alpha), ``alpha`` and the TV N detects do."""
+    from specref.adapters.vllm_e2e import build_models, cached_law
+    from specref.verification.statistics.counts import detectable_tv
+
+    models = build_models(Path(tempfile.mkdtemp(prefix="specref-vllm-rejudge-")))
+    alpha = record["alpha"]
+    laws = {r.name: cached_law(models["target"], r) for ngram in (False, True)
+            for r in requests(models["target"], tv=record["tv"], alpha=alpha, ngram=ngram)}
+    for row in record["rows"]:
+        for v in row["verdicts"]:
+            probs = [p for p in laws[v["request"]].values()]
+            total = sum(probs)
+            v.update(alpha=alpha, ok=v["p"] > alpha,
+                     detectable_tv=detectable_tv(v["n"], alpha, 0.9, len(probs), null=[p / total for p in probs]))
+    record["rejudged"] = "verdicts at the record's alpha by benchmarks/vllm_e2e.py --rejudge (the run judged at 1e-3)"
+    return record
 
 
 def main(argv=None) -> int:
@@ -138,7 +163,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="the engines' seed")
     ap.add_argument("--out", default=None)
     ap.add_argument("--table", default=None, help="print the Markdown table of a record")
+    ap.add_argument("--rejudge", default=None, help="rewrite a record's verdicts at its own alpha (see rejudge)")
     args = ap.parse_args(argv)
+    if args.rejudge:
+        path = Path(args.rejudge)
+        path.write_text(json.dumps(rejudge(json.loads(path.read_text())), indent=1) + "\n")
+        print(table(json.loads(path.read_text())))
+        return 0
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
         return 0

@@ -422,10 +422,18 @@ def test_the_results_page_holds_the_committed_table():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    record = json.loads((root / "benchmarks" / "out" / "vllm_e2e.json").read_text())
-    table = runpy.run_path(str(root / "benchmarks" / "vllm_e2e.py"))["table"](record)
+    make_table = runpy.run_path(str(root / "benchmarks" / "vllm_e2e.py"))["table"]
     page = (root / "docs" / "results" / "vllm-e2e.md").read_text()
-    assert table in page, "run: python benchmarks/vllm_e2e.py --table benchmarks/out/vllm_e2e.json"
+    for name in ("vllm_e2e.json", "vllm_e2e_planned.json"):
+        record = json.loads((root / "benchmarks" / "out" / name).read_text())
+        assert make_table(record) in page, f"run: python benchmarks/vllm_e2e.py --table benchmarks/out/{name}"
+    planned = json.loads((root / "benchmarks" / "out" / "vllm_e2e_planned.json").read_text())
+    verdicts = [v for r in planned["rows"] for v in r["verdicts"]]
+    assert planned["alpha"] == 1e-6 and all(v["alpha"] == 1e-6 and v["detectable_tv"] <= 0.0100001 for v in verdicts)
+    assert {r["path"]: all(v["ok"] for v in r["verdicts"]) for r in planned["rows"]} == {
+        "speculation off": True, "speculation off, n-gram prompt": True, "draft, greedy drafts": False,
+        "draft, probabilistic drafts": False, "ngram": False, "repaired draft, greedy drafts": True,
+        "repaired draft, probabilistic drafts": True, "repaired ngram": True}
 
 
 def test_a_request_above_vllms_n_limit_goes_as_several_with_its_seeds_continued():
