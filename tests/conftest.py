@@ -1,0 +1,17 @@
+"""The order the suite's modules are handed out in: the longest first.
+
+The suite runs on two pytest-xdist workers, each module whole on one (``--dist loadfile``), and
+modules go to the workers in collection order.  In alphabetical order the longest modules (the
+real engines, an interpreter, a server) come last, and one of them ran alone at the end while the
+other worker idled.  :data:`FIRST` names them, longest first; every other module keeps its place
+after them.  Nothing is skipped, marked or shortened here: only the order changes.
+"""
+
+FIRST = ("test_vllm_e2e.py", "test_real_engines.py", "test_mrv2_level.py", "test_vllm_sampler.py",
+         "test_openai_server.py", "test_fuzz_surfaces.py", "test_docs.py", "test_fuzz.py", "test_mutants.py",
+         "test_distributed.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: the rest keep their order
