@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from fractions import Fraction
 
 import numpy as np
 
@@ -59,7 +58,7 @@ from specref.core.errors import SpecrefError
 from specref.decoding.batched import PLACEHOLDER, batched_step
 from specref.verification.levels.batched.engines import SamplingMetadata as _Seeds
 from specref.verification.levels.batched.engines import _ragged_counts, check_logit_rows, check_probability_rows
-from specref.verification.levels.batched.steps import BatchedCase, batched_planner, run_batched
+from specref.verification.levels.batched.steps import BatchedCase, _frac, batched_planner, run_batched
 from specref.verification.levels.batched.steps import LEVELS as _BATCHED
 from specref.verification.running.level import Level, fixed_reference
 
@@ -78,7 +77,7 @@ KINDS = ("greedy", "top_k", "top_p", "temperature")
 
 _TEMPERATURE = {"top_k": 0.7, "top_p": 1.3, "temperature": 0.9}
 _TOP_P_WITH_K = 0.95  # "top_k" requests also carry a top-p that must cut nothing
-_DECOY_GAP = 4.0  # decoy logits sit this far (and more) below the row's smallest support logit
+_GREEDY_GAP = 4.0  # a greedy request's zero-p entries sit this far below its argmax (any finite gap would do)
 
 
 @dataclass(frozen=True)
@@ -177,7 +176,7 @@ def request_for(rows) -> tuple[Request, np.ndarray]:
     support = p > 0
     kind = _kind(p)
     if kind == "greedy":
-        return Request("greedy", 0.0, None, 1.0), np.where(support, 0.0, -_DECOY_GAP)
+        return Request("greedy", 0.0, None, 1.0), np.where(support, 0.0, -_GREEDY_GAP)
     sizes = support.sum(axis=-1)
     smallest = np.where(support, p, np.inf).min(axis=-1)
     if kind == "top_k" and sizes.max() == V:
@@ -287,11 +286,9 @@ def vllm_sampler_reference(metadata, draft_probs, logits, sampling_metadata):
         check_probability_rows("draft_probs", draft_probs)
     k = np.asarray(metadata.num_draft_tokens, dtype=np.int64)
     B, K, V = len(k), int(k.max()), logits.shape[-1]
-    starts = np.concatenate([[0], np.cumsum(k)[:-1]]).astype(np.int64)
     live = np.arange(K)[None, :] < k[:, None]  # [B, K]: the judged positions
     index = np.empty((B, K + 1), dtype=np.int64)  # the logits row of each position; past k_b: the bonus row again
-    index[:, :K][live] = np.asarray(metadata.target_logits_indices, dtype=np.int64)[np.concatenate(
-        [s + np.arange(n) for s, n in zip(starts, k)] or [np.zeros(0, dtype=np.int64)]).astype(np.int64)]
+    index[:, :K][live] = np.asarray(metadata.target_logits_indices, dtype=np.int64)  # [T], request after request
     bonus = np.asarray(metadata.bonus_logits_indices, dtype=np.int64)
     index[:, :K][~live] = np.repeat(bonus, K - k)
     index[:, K] = bonus
@@ -311,10 +308,6 @@ def vllm_sampler_reference(metadata, draft_probs, logits, sampling_metadata):
 
 
 # ---------------------------------------------------------------- cases and the level
-
-
-def _frac(rows):
-    return np.array([[[Fraction(v) for v in r] for r in pos] for pos in rows], dtype=object)
 
 
 _GREEDY = [["0", "1", "0", "0"], ["0", "0", "0", "1"], ["1", "0", "0", "0"]]
