@@ -168,6 +168,10 @@ def rejudge(record) -> dict:
     return record
 
 
+def _order(row) -> int:
+    return 0 if row["path"].startswith("speculation off") else 2 if row["path"].startswith("repaired") else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tv", type=float, default=0.05)
@@ -198,8 +202,7 @@ def main(argv=None) -> int:
                              f"{old['tv'], old['alpha'], old['k'], old['seed']}, not {args.tv, args.alpha, args.k, args.seed}")
         new = {r["path"]: r for r in record["rows"]}
         rows = [new.pop(r["path"], r) for r in old["rows"]]
-        order = lambda r: 0 if r["path"].startswith("speculation off") else 2 if r["path"].startswith("repaired") else 1
-        old["rows"] = sorted(rows + list(new.values()), key=order)  # stable: control, shipped, repaired
+        old["rows"] = sorted(rows + list(new.values()), key=_order)  # stable: control, shipped, repaired
         old.setdefault("merged", []).append(dict(command=record["command"], seconds=record["seconds"],
                                                  paths=[r["path"] for r in record["rows"]]))
         record = old
