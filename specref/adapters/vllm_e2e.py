@@ -192,7 +192,7 @@ def build_eagle_head(where, target_dir, *, steps: int = 400, seed: int = 0, pool
             rows = torch.log_softmax(target.lm_head(features), -1)
         head = LlamaModel(config)
         head.layers[0].input_layernorm = torch.nn.Identity()  # vLLM drops the first layer's input norm
-        head.norm = torch.nn.Identity()  # ... and the EAGLE model has no final norm
+        head.norm = torch.nn.Identity()  # type: ignore[assignment]  # ... and the EAGLE model has no final norm
         head.embed_tokens = target.model.embed_tokens  # shared, frozen
         fc = torch.nn.Linear(2 * H, H, bias=False)
         with torch.no_grad():  # start from "the target's feature, passed through"
