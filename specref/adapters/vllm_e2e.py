@@ -180,16 +180,10 @@ def build_eagle_head(where, target_dir, *, steps: int = 400, seed: int = 0, pool
     target = LlamaForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
     target.requires_grad_(False)
     config = type(target.config).from_dict({**target.config.to_dict(), "num_hidden_layers": 1})
-    H, V = config.hidden_size, config.vocab_size
+    H = config.hidden_size
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        with torch.no_grad():
-            seqs = torch.randint(V, (pool, 2))
-            for _ in range(length - 2):
-                last = target(input_ids=seqs, use_cache=False).logits[:, -1]
-                seqs = torch.cat([seqs, torch.multinomial(torch.softmax(last, -1), 1)], 1)
-            features = target.model(input_ids=seqs, use_cache=False).last_hidden_state
-            rows = torch.log_softmax(target.lm_head(features), -1)
+        seqs, features, rows = _sampled_from(target, pool, length)
         head = LlamaModel(config)
         head.layers[0].input_layernorm = torch.nn.Identity()  # vLLM drops the first layer's input norm
         head.norm = torch.nn.Identity()  # type: ignore[assignment]  # ... and the EAGLE model has no final norm
@@ -218,6 +212,20 @@ def build_eagle_head(where, target_dir, *, steps: int = 400, seed: int = 0, pool
     saved.pop("_name_or_path", None)
     (where / "config.json").write_text(json.dumps(saved, indent=1) + "\n")
     return str(where)
+
+
+def _sampled_from(target, pool: int, length: int):
+    """``pool`` sequences of ``length`` tokens sampled from ``target`` (random 2-token prompts), with
+    the target's post-norm hidden states and log-rows at every position (torch's global generator)."""
+    import torch
+
+    with torch.no_grad():
+        seqs = torch.randint(target.config.vocab_size, (pool, 2))
+        for _ in range(length - 2):
+            last = target(input_ids=seqs, use_cache=False).logits[:, -1]
+            seqs = torch.cat([seqs, torch.multinomial(torch.softmax(last, -1), 1)], 1)
+        features = target.model(input_ids=seqs, use_cache=False).last_hidden_state
+        return seqs, features, torch.log_softmax(target.lm_head(features), -1)
 
 
 _LOADED: dict = {}
