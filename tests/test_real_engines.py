@@ -276,6 +276,35 @@ def test_patching_the_interpreter_once_per_launch_changes_no_output(monkeypatch)
             assert np.array_equal(u, v)
 
 
+@needs_wheels
+def test_the_range_adjustment_gives_tl_range_a_tensor_variable_and_the_same_integers():
+    """Triton 3.9's interpreter hands ``tl.range`` loops a Python int (``.to`` raises); with
+    ``_interpreter_range`` the variable is a scalar tensor, as compiled, over the same integers."""
+    triton = triton_interpreter._triton()
+    import triton.language as tl
+
+    def kernel(y_ptr, start, n, step):
+        for i in tl.range(start, n, step):
+            tl.store(y_ptr + i, i.to(tl.int64) * 3)
+
+    def plain(y_ptr, n):
+        for i in range(n):
+            tl.store(y_ptr + i, i + 1)
+
+    with re_.shim._env(TRITON_INTERPRET="1"):
+        k, p = triton.jit(kernel), triton.jit(plain)
+        triton_interpreter._RANGE_FIX.pop("needed", None)
+        assert triton_interpreter._range_gives_int()  # the bug, shown by the probe
+        with pytest.raises(Exception, match="no attribute 'to'"):
+            k[(1,)](torch.zeros(8, dtype=torch.int64), 1, 7, 2)
+        with triton_interpreter._interpreter_range():
+            y = torch.zeros(8, dtype=torch.int64)
+            k[(1,)](y, 1, 7, 2)
+            z = torch.zeros(3, dtype=torch.int64)
+            p[(1,)](z, 3)  # Python's range inside a kernel: unchanged
+    assert y.tolist() == [0, 3, 0, 9, 0, 15, 0, 0] and z.tolist() == [1, 2, 3]
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -3,7 +3,9 @@ adjustments, each where it is done.  Follows triton 3.9.0 (the pinned wheel).
 
 Triton is imported from the wheel cache with ``TRITON_INTERPRET=1`` (:func:`_triton`; its
 directory leaves ``sys.path`` once it is imported), and the engine trees that run Triton kernels
-set ``TRITON_INTERPRET=1`` while active and enter these hooks:
+set ``TRITON_INTERPRET=1`` while active and enter these hooks (vLLM's sampler module on the
+interpreted Triton path, :mod:`specref.adapters.vllm_sampler`, enters them too, with
+:func:`_interpreter_range`):
 
 - Triton 3.9's interpreter returns None from ``triton.language.extra.libdevice`` calls
   (triton-lang/triton#8825): :func:`_interpreter_libdevice` gives ``libdevice.log1p`` (the one
@@ -13,7 +15,10 @@ set ``TRITON_INTERPRET=1`` while active and enter these hooks:
   ``triton.language`` at every ``@triton.jit`` helper call within a launch (a speed-up of
   about 2x on MRV2; a test shows the outputs are bit-identical without it);
 - :func:`_quiet_numpy` turns NumPy's floating-point warnings off (the interpreter evaluates
-  both sides of ``tl.where``).
+  both sides of ``tl.where``);
+- :func:`_interpreter_range` makes ``tl.range``'s induction variable a scalar tensor, as in
+  compiled Triton, where the interpreter hands a Python ``int`` (so ``row_id.to(tl.int64)``, in
+  vLLM 0.32.0's top-k/top-p kernel, raises ``AttributeError``), and only if a probe kernel shows it.
 
 The third adjustment outside the engines' files, vLLM's driver probe answered True, is the vLLM
 tree's own (:mod:`specref.adapters.real_engines.vllm_tree`).
@@ -166,3 +171,75 @@ def _interpreter_patch_once():
 
 
 _PATCH_ONCE = {"on": True}  # tests switch it off to compare outputs
+
+
+_RANGE_FIX: dict = {}
+
+
+@contextlib.contextmanager
+def _interpreter_range():
+    """While active: ``tl.range`` (not ``tl.static_range``) yields scalar tensors in the interpreter.
+
+    Compiled Triton gives a ``for i in tl.range(a, b, s)`` loop an induction variable that is a
+    scalar tensor of the bounds' integer type (int32, or int64 when a bound is int64), with
+    ``.to`` and the other tensor methods; Triton 3.9's interpreter maps ``tl.range`` to Python's
+    ``range`` (``_patch_lang_core`` in ``triton/runtime/interpreter.py``), so the variable is an
+    ``int``.  The replacement iterates the same integers and wraps each as such a tensor; the
+    kernels' arithmetic is then the compiled kernels'.  Applied only if :func:`_range_gives_int`
+    shows the interpreter's behaviour.
+    """
+    from triton.runtime import interpreter  # noqa: PLC0415
+
+    if "needed" not in _RANGE_FIX:
+        _RANGE_FIX["needed"] = _range_gives_int()
+    if not _RANGE_FIX["needed"]:
+        yield
+        return
+    original = interpreter._patch_lang_core
+
+    def patch_lang_core(lang, scope):
+        original(lang, scope)
+        scope.set_attr(lang, "range", _tensor_range)
+
+    interpreter._patch_lang_core = patch_lang_core
+    try:
+        yield
+    finally:
+        interpreter._patch_lang_core = original
+
+
+def _tensor_range(arg1, arg2=None, step=None, **_hints):
+    """``tl.range`` for the interpreter: the integers of ``range(start, end, step)`` as scalar tensors
+    (int64 when a bound is an int64 tensor, else int32); the compiler hints (``num_stages``,
+    ``loop_unroll_factor``, ...) change nothing here."""
+    from triton.language import core  # noqa: PLC0415
+    from triton.runtime.interpreter import TensorHandle  # noqa: PLC0415
+
+    start, end = (0, arg1) if arg2 is None else (arg1, arg2)
+    bounds = (start, end, 1 if step is None else step)
+    wide = any(isinstance(b, core.tensor) and b.dtype == core.int64 for b in bounds)
+    dtype, np_dtype = (core.int64, np.int64) if wide else (core.int32, np.int32)
+    for i in range(*(int(b.handle.data.squeeze()) if isinstance(b, core.tensor) else int(b) for b in bounds)):
+        yield core.tensor(TensorHandle(np.array([i], dtype=np_dtype), dtype), dtype)
+
+
+def _range_gives_int() -> bool:
+    """Run an interpreted kernel that calls ``.to`` on a ``tl.range`` variable; True if it fails."""
+    import torch  # noqa: PLC0415
+    import triton  # noqa: PLC0415
+    import triton.language as tl  # noqa: PLC0415
+
+    def probe(y_ptr, n):
+        for i in tl.range(0, n):
+            tl.store(y_ptr + i, i.to(tl.int64) * 2)
+
+    with _env(TRITON_INTERPRET="1"):
+        kernel = triton.jit(probe)
+        y = torch.zeros(3, dtype=torch.int64)
+        try:
+            kernel[(1,)](y, 3)
+        except Exception as e:  # noqa: BLE001 - the interpreter wraps it in its InterpreterError
+            if "no attribute 'to'" in str(e):  # the induction variable is an int: the bug
+                return True
+            raise SpecrefError(f"the tl.range probe kernel failed otherwise under Triton's interpreter: {e!r:.300}") from e
+    return y.tolist() != [0, 2, 4]
