@@ -110,3 +110,19 @@ def test_bad_input_is_named():
     case = BatchedCase("c", np.array([[[Fraction(1, 2)] * 2] * 2]), None, proposal=np.array([[[Fraction(1, 2)] * 2]]))
     with pytest.raises(SpecrefError, match="patch must be one of"):
         localise(SpecrefError("x"), case, patch="nothing")
+
+
+def test_the_results_page_holds_the_committed_localisation():
+    import json
+    import runpy
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    record = json.loads((root / "benchmarks" / "out" / "vllm_localise.json").read_text())
+    table = runpy.run_path(str(root / "benchmarks" / "vllm_localise.py"))["table"]
+    assert table(record) in (root / "docs" / "results" / "vllm-e2e.md").read_text(), \
+        "run: python benchmarks/vllm_localise.py --table benchmarks/out/vllm_localise.json"
+    assert {r["path"]: r["first"] for r in record["rows"]} == {
+        "draft, probabilistic drafts": "sampler module", "draft, greedy drafts": "sampler module",
+        "eagle, probabilistic drafts": "sampler module", "ngram": "sampler module"}
+    assert all(r["repaired"] for r in record["rows"])
