@@ -45,23 +45,32 @@ else :class:`NotPiecewiseConstant` names the coin and the cell:
   (``argmax p / -log u`` over one coin per token) fails this: its regions are not boxes, and it
   is outside the method.
 
-The bound, honestly.  A piece of coin ``d`` narrower than the probe spacing ``2^m / probes``
-with the same output on both sides (``A B A``), and with no candidate inside, can be missed; the
-midpoint check finds it only by chance.  Bisection does not miss pieces between probes whose
-outputs differ when the output is monotone in the coin (an inverse-CDF draw: the token index
-grows with ``u``; an acceptance test: accept below, reject above).  The candidates close the gap
-for speculative-decoding kernels: every breakpoint of a correct kernel, and of the boundary bugs,
-lies at (a grid neighbour of) 0, the largest coin, an acceptance threshold ``min(1, p/q)`` or a
-normalised CDF partial sum of the residual, bonus or draft row -- the values the reference
-compares the coin with -- so with those as candidates every cell's ends are probed.  The cost is
-reported: :attr:`CoinLaw.evaluations` kernel calls, of which :attr:`CoinLaw.probes` probe points,
-:attr:`CoinLaw.bisections` bisection steps and :attr:`CoinLaw.checks` assumption checks.
+The order.  Coins are searched in index order, or in ``order`` (a permutation: ``order[j]`` is the
+coin searched ``j``-th); cells, laws and messages keep the kernel's own indices.  The coins are
+i.i.d., so the law does not depend on the order, but the assumption does: a kernel whose
+breakpoints in one coin move with a later coin passes only in an order that searches that coin
+first.
+
+The bound, honestly (the resolution).  A piece of coin ``d`` narrower than the probe spacing
+``1/probes`` with the same output on both sides (``A B A``), and with no candidate inside, can be
+missed; the midpoint check finds it only by chance.  :attr:`CoinLaw.spacing` records ``probes`` and
+:func:`resolution_text` writes the spacing, so that a verdict can state the resolution it had.
+Bisection does not miss pieces between probes whose outputs differ when the output is monotone in
+the coin (an inverse-CDF draw: the token index grows with ``u``; an acceptance test: accept below,
+reject above).  The candidates close the gap for speculative-decoding kernels: every breakpoint of
+a correct kernel, and of the boundary bugs, lies at (a grid neighbour of) 0, the largest coin, an
+acceptance threshold ``min(1, p/q)`` or a normalised CDF partial sum of the residual, bonus or
+draft row -- the values the reference compares the coin with -- so with those as candidates every
+cell's ends are probed.  The cost is reported: :attr:`CoinLaw.evaluations` kernel calls, of which
+:attr:`CoinLaw.probes` probe points, :attr:`CoinLaw.bisections` bisection steps and
+:attr:`CoinLaw.checks` assumption checks.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import operator
 import time
 from fractions import Fraction
 from typing import Any, Callable, Hashable, Iterable, cast
@@ -80,6 +89,7 @@ __all__ = [
     "grid_bits",
     "grid_value",
     "describe_cell",
+    "resolution_text",
 ]
 
 COIN_BITS = {"float32": 24, "float64": 53}  # real RNGs' coins: k 2^-24 (float32) and k 2^-53 (float64)
@@ -116,6 +126,11 @@ def grid_bits(dtype, bits=None) -> int:
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= top:
         raise SpecrefError(f"bits must be an integer in 1..{top} for {name} coins (coins k 2^-bits), got {_show(bits)}")
     return int(bits)
+
+
+def resolution_text(probes: int) -> str:
+    """The probe spacing ``1/probes`` in words: ``2^-k`` when ``probes = 2^k``, else ``1/probes``."""
+    return f"2^-{probes.bit_length() - 1}" if probes & (probes - 1) == 0 else f"1/{probes}"
 
 
 def grid_value(k: int, bits: int) -> Fraction:
@@ -156,13 +171,16 @@ class CoinLaw(Law):
     (the uniform grid, 0, the largest coin and the candidates' neighbours, over every search),
     ``bisections`` bisecting, ``checks`` checking the assumption (midpoints, corners);
     ``searches``: coin searches (nodes of the partition tree); ``bits``, ``dtype``, ``n_coins``;
-    ``seconds``: wall time.  ``paths`` (of :class:`Law`) is ``evaluations``.
+    ``seconds``: wall time; ``spacing``: the uniform probe points per search (the resolution is
+    ``1/spacing``); ``order``: the coins' search order (None: index order).  ``paths`` (of
+    :class:`Law`) is ``evaluations``.
     """
 
     def __init__(self, probs=(), *, cells=(), evaluations=0, probes=0, bisections=0, checks=0, searches=0,
-                 bits=53, dtype="float64", n_coins=0, seconds=0.0):
+                 bits=53, dtype="float64", n_coins=0, seconds=0.0, spacing=DEFAULT_PROBES, order=None):
         super().__init__(probs, paths=evaluations, states=1)
         self.cells = list(cells)
+        self.spacing, self.order = spacing, order
         self.evaluations, self.probes, self.bisections, self.checks = evaluations, probes, bisections, checks
         self.searches, self.bits, self.dtype, self.n_coins, self.seconds = searches, bits, dtype, n_coins, seconds
 
@@ -224,7 +242,7 @@ def _thresholds(candidates, d: int) -> list:
 def coin_law(kernel: Callable[[np.ndarray], Hashable], n: int, *, dtype="float64", bits: int | None = None,
              probes: int = DEFAULT_PROBES, candidates: Iterable | Callable | None = None,
              max_pieces: int = DEFAULT_MAX_PIECES, max_evals: int = DEFAULT_MAX_EVALS,
-             check: bool = True) -> CoinLaw:
+             check: bool = True, order: Iterable[int] | None = None) -> CoinLaw:
     """The exact law of ``kernel(coins) -> output`` over ``n`` independent coins on the grid of ``dtype``.
 
     ``coins`` is a fresh ``[n]`` array of ``dtype`` (float32 or float64) on every call, each coin
@@ -232,7 +250,8 @@ def coin_law(kernel: Callable[[np.ndarray], Hashable], n: int, *, dtype="float64
     probe points per coin search (G); ``candidates``: thresholds to probe at (and just below and
     above), the same for every coin or a callable ``candidates(d)`` per coin.  ``max_pieces``:
     pieces of one coin per search; ``max_evals``: kernel calls in all (:class:`CoinBudgetError`).
-    ``check``: also evaluate every cell's two corners.  A kernel whose output is not piecewise
+    ``check``: also evaluate every cell's two corners.  ``order``: the coins' search order, a
+    permutation of ``range(n)`` (None: index order; module docstring).  A kernel whose output is not piecewise
     constant (as far as the checks see; module docstring) raises :class:`NotPiecewiseConstant`;
     exceptions of the kernel propagate.  The output must be hashable or an array.
 
@@ -254,7 +273,8 @@ def coin_law(kernel: Callable[[np.ndarray], Hashable], n: int, *, dtype="float64
     if candidates is not None and not callable(candidates):
         fixed = _thresholds(candidates, 0)  # validated once, shared by every coin
         candidates = lambda d: fixed  # noqa: E731
-    run = _CoinSearch(kernel, n, m, dtype, probes, candidates, max_pieces, max_evals, check)
+    perm = _order(order, n)
+    run = _CoinSearch(kernel, n, m, dtype, probes, candidates, max_pieces, max_evals, check, perm)
     if n == 0:
         out = run.ev((), "probes")
         run.cells.append(((), out))
@@ -263,16 +283,32 @@ def coin_law(kernel: Callable[[np.ndarray], Hashable], n: int, *, dtype="float64
         run.search(0, (), ())
     denom = run.size ** n
     probs = {o: Fraction(c, denom) for o, c in run.totals.items()}
-    return CoinLaw(probs, cells=run.cells, bits=m, dtype=dtype, n_coins=n, seconds=time.perf_counter() - started,
-                   **run.counts)
+    cells = [(run.own(cell), out) for cell, out in run.cells]  # the kernel's own coin indices
+    return CoinLaw(probs, cells=cells, bits=m, dtype=dtype, n_coins=n, seconds=time.perf_counter() - started,
+                   spacing=probes, order=None if order is None else perm, **run.counts)
+
+
+def _order(order, n: int) -> tuple:
+    """``order`` checked: a permutation of ``range(n)`` (None: index order)."""
+    if order is None:
+        return tuple(range(n))
+    try:
+        perm = tuple(operator.index(d) for d in order)
+    except TypeError:
+        raise SpecrefTypeError(f"order must be None or a permutation of range({n}), got {_show(order)}") from None
+    if sorted(perm) != list(range(n)):
+        raise SpecrefError(f"order must be None or a permutation of range({n}), got {_show(order)}")
+    return perm
 
 
 class _CoinSearch:
     """The state of one :func:`coin_law` run: the kernel's outputs by grid point (each point
     evaluated once), the counters, and the cells found so far with their outputs."""
 
-    def __init__(self, kernel, n, m, dtype, probes, candidates, max_pieces, max_evals, check):
+    def __init__(self, kernel, n, m, dtype, probes, candidates, max_pieces, max_evals, check, order):
         self.kernel, self.n, self.m, self.dtype = kernel, n, m, dtype
+        self.order = order  # order[j]: the kernel's coin searched j-th
+        self.slot = {d: j for j, d in enumerate(order)}  # the kernel's coin d sits at search position slot[d]
         self.probes, self.candidates, self.max_pieces, self.max_evals, self.check = (
             probes, candidates, max_pieces, max_evals, check)
         self.size = 1 << m
@@ -294,16 +330,29 @@ class _CoinSearch:
                                   f"({self.counts['searches']} coin searches so far); shrink the case, or raise max_evals")
         self.counts["evaluations"] += 1
         self.counts[kind] += 1
-        coins = (np.array(ks, dtype=np.float64) * self.scale).astype(self.dtype)
+        own = [ks[self.slot[d]] for d in range(self.n)]  # search positions -> the kernel's coins
+        coins = (np.array(own, dtype=np.float64) * self.scale).astype(self.dtype)
         out = self.cache[ks] = _key(self.kernel(coins))
         return out
+
+    def own(self, cell) -> tuple:
+        """A cell in search positions as one interval per coin of the kernel's own order."""
+        return tuple(cell[self.slot[d]] for d in range(len(cell))) if len(cell) == self.n else cell
+
+    def name(self, j: int) -> str:
+        """Search position ``j`` as the kernel's coin: ``coins[order[j]]``."""
+        return f"coins[{self.order[j]}]"
+
+    def words(self, spans) -> str:
+        """Intervals of the first ``len(spans)`` search positions, named by the kernel's coins."""
+        return describe_cell(spans, self.m, self.name) if spans else "none"
 
     def points(self, d):
         """Coin ``d``'s probe points: the uniform grid, 0, the last point, and each candidate's
         three nearest grid points."""
         if d not in self.cand_points:
             pts = set(self.grid)
-            for t in _thresholds(self.candidates, d):
+            for t in _thresholds(self.candidates, self.order[d]):
                 c = math.ceil(t * self.size)
                 pts.update(k for k in (c - 1, c, c + 1) if 0 <= k < self.size)
             self.cand_points[d] = sorted(pts)
@@ -320,9 +369,8 @@ class _CoinSearch:
                 breaks.append(b)
                 if len(breaks) >= self.max_pieces:
                     raise NotPiecewiseConstant(
-                        f"coin {d} has more than max_pieces={self.max_pieces} pieces (with the earlier coins at "
-                        f"{describe_cell(spans, self.m) if spans else 'none'}): the output follows the "
-                        f"coin's value, it is not piecewise constant")
+                        f"{self.name(d)} has more than max_pieces={self.max_pieces} pieces (with the earlier coins at "
+                        f"{self.words(spans)}): the output follows the coin's value, it is not piecewise constant")
                 continue
             mid = (a + b) // 2
             if mid not in outs:
@@ -348,8 +396,8 @@ class _CoinSearch:
                 outs[rep] = f(rep, "checks")
             if outs[rep] != outs[lo]:
                 raise NotPiecewiseConstant(
-                    f"coin {d} on [{_coin_text(lo, m)}, {_coin_text(hi, m) if hi < size else '1'}): the output at the "
-                    f"interval's ends is {_show(outs[lo])} but at its midpoint {_coin_text(rep, m)} it is "
+                    f"{self.name(d)} on [{_coin_text(lo, m)}, {_coin_text(hi, m) if hi < size else '1'}): the output "
+                    f"at the interval's ends is {_show(outs[lo])} but at its midpoint {_coin_text(rep, m)} it is "
                     f"{_show(outs[rep])} -- not piecewise constant, or a piece narrower than the probe spacing "
                     f"1/{self.probes} with no candidate inside (name its threshold in candidates)")
             cell = spans + ((lo, hi),)
@@ -364,10 +412,12 @@ class _CoinSearch:
             for corner in (tuple(a for a, _ in cell), tuple(b - 1 for _, b in cell)):
                 got = self.ev(corner, "checks")
                 if got != out:
+                    mine = self.own(cell)
                     raise NotPiecewiseConstant(
-                        f"the output is not constant on the cell {describe_cell(cell, self.m, full=True)}: "
+                        f"the output is not constant on the cell {describe_cell(mine, self.m, full=True)}: "
                         f"{_show(out)} at its midpoint, {_show(got)} at its corner "
-                        f"{[_coin_text(k, self.m) for k in corner]} -- its breakpoints in one coin move with another "
-                        f"coin's value (an exponential race, say): outside the method")
+                        f"{[_coin_text(k, self.m) for k in self.own(corner)]} -- its breakpoints in one coin move with "
+                        f"another coin's value (an exponential race, or coins searched in another order than the "
+                        f"kernel uses them): outside the method")
         self.cells.append((cell, out))
         self.totals[out] = self.totals.get(out, 0) + math.prod(b - a for a, b in cell)

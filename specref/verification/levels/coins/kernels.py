@@ -38,8 +38,19 @@ Then, on the exact TV between the kernel's law and the expected law:
   mass ``2^-m`` (``2^-53 ~ 1e-16`` for float64 coins: far below any tolerance, yet exact here); the
   detail names the coins;
 - ``not piecewise constant``: the kernel's output failed the method's checks
-  (:class:`~specref.verification.laws.coins.NotPiecewiseConstant`);
-- ``ok``: otherwise; the TV is reported (exactly 0 on a tight case).
+  (:class:`~specref.verification.laws.coins.NotPiecewiseConstant`) in every coin order searched;
+- ``ok``: otherwise; the TV is reported (exactly 0 on a tight case), and what it covered
+  (:func:`coverage`): every breakpoint at the case's thresholds exactly, no piece narrower than
+  the probe spacing ``1/probes`` elsewhere (a kernel wrong only on a narrower window away from the
+  thresholds is ``ok`` to that stated resolution; a case with more ``probes`` sees it).
+
+Coin order (SPEC §11.9).  The contract names each coin's use, but the coins are i.i.d., so any
+order gives the same law: ``batched_coins`` searches the contract's order first and, when it fails
+the method's checks, other orders of a row's ``K + 1`` coins (the same in every row, fewest coins
+moved first, at most :data:`MAX_COIN_ORDERS`); the first that passes is judged by its law, the
+detail saying that the kernel ``uses its coins in another order than the contract``.
+``tree_coins`` searches SGLang's order only.  Its output is read as ``tree_batch`` reads it: ids
+(never a float or a bool, never truncated), the root 0 first, only trailing -1 padding.
 
 Misbehaviour (``raised``, ``invalid output``, ``timeout``) is reported with the coins it happened at;
 ``over budget`` when the kernel calls exceed ``Settings.max_paths``.  Exact mode only.
@@ -49,6 +60,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import time
 from dataclasses import dataclass
 from fractions import Fraction
@@ -62,12 +74,14 @@ from specref.core.tree import to_sglang
 from specref.decoding.batched import PLACEHOLDER, batched_step
 from specref.decoding.chain import next_token_probs
 from specref.decoding.tree import draft_tree, tree_rows
-from specref.verification.laws.coins import CoinBudgetError, NotPiecewiseConstant, coin_law, describe_cell, grid_bits
+from specref.verification.laws.coins import (CoinBudgetError, NotPiecewiseConstant, coin_law, describe_cell,
+                                             grid_bits, resolution_text)
 from specref.verification.laws.enumeration import compare, law, target_law
 from specref.verification.levels.batched.steps import BatchedCase, parse_output, row_law
 from specref.verification.levels.runner import run_cases
-from specref.verification.levels.trees.sampled import TreeCase, batched_reference_kernel, memo_rows
-from specref.verification.running.calling import Misbehaved, call, foreign
+from specref.verification.levels.trees.sampled import (TreeCase, _inner_padding, _unpadded, batched_reference_kernel,
+                                                       memo_rows)
+from specref.verification.running.calling import Misbehaved, call, foreign, short_repr
 from specref.verification.running.level import Level, fixed_reference
 from specref.verification.running.report import BUDGET, DIFFERS, INVALID, OK, CaseResult
 
@@ -77,6 +91,7 @@ __all__ = [
     "CoinCase",
     "TreeCoinCase",
     "MAX_DRAFT_TUPLES",
+    "MAX_COIN_ORDERS",
     "engine_coin_kernel",
     "inclusive_zero_kernel",
     "threshold_inclusive_kernel",
@@ -86,6 +101,7 @@ __all__ = [
     "default_coin_cases",
     "large_coin_case",
     "default_tree_coin_cases",
+    "coverage",
     "run_batched_coins",
     "run_tree_coins",
     "LEVELS",
@@ -95,6 +111,8 @@ BOUNDARY = "boundary"  # an exact deviation on grid points of mass 2^-m, below t
 NOT_PIECEWISE = "not piecewise constant"  # the kernel failed coin_law's checks
 #: CoinCase.drafts = None enumerates at most this many joint draft tuples.
 MAX_DRAFT_TUPLES = 64
+#: Orders of a row's coins tried after the contract's fails coin_law's checks (every order when K <= 3).
+MAX_COIN_ORDERS = 23
 _SEVERITY = {OK: 0, BOUNDARY: 1, DIFFERS: 2}
 
 
@@ -109,7 +127,9 @@ class CoinCase:
     exactly a float of ``dtype`` (dyadic); the kernel gets them, and its coins, in ``dtype``.
     ``drafts``: the draft tuples checked, each B rows of K ids (-1 after row b's ``k_b``); None: every
     tuple the draft can propose (at most :data:`MAX_DRAFT_TUPLES`).  ``probes``: uniform probe points
-    per coin search.
+    per coin search.  Validated before any case runs (SPEC §11.9), each error a SpecrefError naming the
+    field and the value: ``name`` a string, ``dtype`` the string 'float32' or 'float64', ``num_draft``
+    None or B ints in 0..K (never converted).
     """
 
     name: str
@@ -195,14 +215,37 @@ def _exact_in(name, rows, dtype):
     return vals.reshape(np.shape(rows))
 
 
+def _check_name(case):
+    """A case's name: a string (SPEC §11.9), else a SpecrefError naming the field and the value."""
+    if not isinstance(case.name, str):
+        raise SpecrefError(f"a {type(case).__name__}'s name must be a string, got name={short_repr(case.name, 80)}")
+
+
 def _check_dtype(name, dtype):
-    if dtype not in ("float32", "float64"):
-        raise SpecrefError(f"case {name!r}: dtype must be 'float32' or 'float64', got {dtype!r}")
+    """``dtype``: the string 'float32' or 'float64' (an array is refused, never compared)."""
+    if not isinstance(dtype, str) or dtype not in ("float32", "float64"):
+        raise SpecrefError(f"case {name!r}: dtype must be 'float32' or 'float64', got dtype={short_repr(dtype, 80)}")
+
+
+def _is_count(c, K) -> bool:
+    return not isinstance(c, (bool, np.bool_)) and isinstance(c, (int, np.integer)) and 0 <= c <= K
+
+
+def _check_num_draft(case, B, K):
+    """``num_draft``: None or B ints in 0..K (a tuple, a list or a 1-D array), never converted (SPEC §11.9)."""
+    nd = case.num_draft
+    if nd is None:
+        return
+    rows = isinstance(nd, (tuple, list)) or (isinstance(nd, np.ndarray) and nd.ndim == 1)
+    if not rows or len(nd) != B or not all(_is_count(c, K) for c in nd):
+        raise SpecrefError(f"case {case.name!r}: num_draft must be None or B = {B} ints in 0..{K} (k_b per row), "
+                           f"got num_draft={short_repr(nd, 80)}")
 
 
 def _validate_coin_case(case):
     if not isinstance(case, CoinCase):
         raise SpecrefError(f"cases of the batched_coins level must be CoinCase objects, got {case!r:.200}")
+    _check_name(case)
     _check_dtype(case.name, case.dtype)
     check_positive_int("probes", case.probes)
     p = case.p_target
@@ -219,9 +262,8 @@ def _validate_coin_case(case):
                                f"of Fractions, got {getattr(q, 'shape', type(q).__name__)}")
         check_prob_rows(f"case {case.name!r}: q_draft", q)
         _exact_in(f"case {case.name!r}: q_draft", q, case.dtype)
+    _check_num_draft(case, B, K1 - 1)
     k = case.k
-    if k.shape != (B,) or (k < 0).any() or (k > K1 - 1).any():
-        raise SpecrefError(f"case {case.name!r}: num_draft must be B = {B} counts in 0..{K1 - 1}, got {case.num_draft}")
     if case.drafts is None:
         d = case.batched().drafts_from
         count = math.prod(int(sum(1 for t in range(V) if d[b, i, t] > 0)) for b in range(B) for i in range(int(k[b])))
@@ -257,6 +299,7 @@ def _validate_coin_case(case):
 def _validate_tree_coin_case(case):
     if not isinstance(case, TreeCoinCase):
         raise SpecrefError(f"cases of the tree_coins level must be TreeCoinCase objects, got {case!r:.200}")
+    _check_name(case)
     if not isinstance(case.tree, TreeCase):
         raise SpecrefError(f"case {case.name!r}: tree must be a TreeCase, got {case.tree!r:.200}")
     _check_dtype(case.name, case.dtype)
@@ -355,13 +398,20 @@ def _where(coin_laws, outputs, limit=2):
     return "; ".join(parts) or "no cell of the kernel looks like a boundary"
 
 
-def _explain(status, cmp, got, impossible, tight, bits, where, exact_rows=None):
+def coverage(probes: int) -> str:
+    """What an ``ok`` of ``coin_law`` covers (SPEC §11.9): exact at the thresholds, to ``1/probes`` elsewhere."""
+    r = resolution_text(probes)
+    return (f"ok to resolution {r}: every breakpoint at the case's thresholds found exactly; no piece "
+            f"narrower than {r} probed elsewhere")
+
+
+def _explain(status, cmp, got, impossible, tight, bits, where, exact_rows=None, probes=None):
     what = ("tight case: every threshold a grid point, the expected law is the closed form" if tight
             else f"thresholds off the 2^-{bits} grid: expected = the reference enumerated on the grid")
     if exact_rows and not tight:
         what += f", but rows {[b for b, _ in exact_rows]} are tight (their own laws must hold exactly)"
     if status == OK:
-        return f"TV = {cmp.tv} ({what})"
+        return f"TV = {cmp.tv} ({what})" + ("" if probes is None else f"; {coverage(probes)}")
     diffs = [(o, a - b) for o, a, b in cmp.worst if a != b][:2]
     text = (f"TV = {_mass(cmp.tv)} ({what}); worst outputs (got - expected): "
             + ", ".join(f"{o}: {_signed(w)}" for o, w in diffs))
@@ -432,7 +482,71 @@ def _coin_names(K):
                       else f"final_coins[{d // (K + 1)}]")
 
 
+def _row_orders(K1: int, limit: int = MAX_COIN_ORDERS) -> list:
+    """Orders of a row's ``K + 1`` coins other than the contract's, those that move fewest coins
+    first (every swap of two coins before any cycle of three), at most ``limit``: every order when
+    ``K <= 3``.  ``perm[j]`` is the coin that plays part ``j`` (draft ``j``'s test; ``K``: the final draw)."""
+    out: list = []
+    for moved in range(2, K1 + 1):
+        for subset in itertools.combinations(range(K1), moved):
+            for image in itertools.permutations(subset):
+                if any(a == c for a, c in zip(subset, image)):
+                    continue  # only orders that move every coin of the subset
+                perm = list(range(K1))
+                for a, c in zip(subset, image):
+                    perm[a] = c
+                out.append(tuple(perm))
+                if len(out) == limit:
+                    return out
+    return out
+
+
+def _order_words(perm, K) -> str:
+    """What a row order means in the contract's words: which coin plays which part."""
+    part = lambda i: "final_coins[b]" if i == K else f"uniform_coins[b, {i}]"  # noqa: E731
+    role = lambda j: "the final coin" if j == K else f"draft {j}'s coin"  # noqa: E731
+    roles = [f"{part(perm[j])} as {role(j)}" for j in range(K + 1) if perm[j] != j]
+    return ("uses its coins in another order than the contract (" + ", ".join(roles) + "); the coins are i.i.d., so "
+            "the law is judged in that order (SPEC §11.9)")
+
+
+def _tuple_law(f, case, cands, budget):
+    """``(coin law, order note, kernel calls)`` of one draft tuple: the contract's coin order first,
+    then each other order of a row's coins (the same in every row) until one passes ``coin_law``'s
+    checks (SPEC §11.9); the calls of the orders that failed count against ``budget``.  No order
+    passing: the contract order's :class:`NotPiecewiseConstant`."""
+    B, K1, _ = case.shape
+    calls, seen = [0], {}  # one call per coin vector, whatever the order that asks for it
+
+    def counted(coins):
+        key = coins.tobytes()
+        if key not in seen:
+            calls[0] += 1
+            seen[key] = f(coins)
+        return seen[key]
+
+    def law_of(order):
+        return coin_law(counted, B * K1, dtype=case.dtype, probes=case.probes, candidates=lambda d: cands[d],
+                        max_evals=max(1, budget - calls[0]), order=order)
+
+    try:
+        return law_of(None), "", calls[0]
+    except NotPiecewiseConstant as first:
+        failure = first
+    for perm in _row_orders(K1):
+        try:
+            return law_of([b * K1 + perm[j] for b in range(B) for j in range(K1)]), _order_words(perm, K1 - 1), calls[0]
+        except NotPiecewiseConstant:
+            continue
+    raise NotPiecewiseConstant(f"{failure} (searched in the contract's coin order; none of the {len(_row_orders(K1))} "
+                               f"other orders of a row's coins passes either)")
+
+
 def _batched_coin_case(kernel, case, settings):
+    """One case of the ``batched_coins`` level: the coin law per draft tuple, the worst verdict.
+
+    Over 60 lines: the per-tuple kernel wrapper, its law and the running worst verdict share the
+    case's inputs and counters, and read best in one place."""
     started = time.perf_counter()
     B, K1, V = case.shape
     K, k, bits, dtype = K1 - 1, case.k, case.bits, case.dtype
@@ -462,16 +576,15 @@ def _batched_coin_case(kernel, case, settings):
             return tuple(tuple(int(t) for t in tokens[b, :n[b]]) for b in range(B))
 
         try:
-            got = coin_law(f, B * K1, dtype=dtype, probes=case.probes,
-                           candidates=lambda d, cands=cands: cands[d], max_evals=max(1, budget))
+            got, order_note, calls = _tuple_law(f, case, cands, budget)
         except NotPiecewiseConstant as e:
             return CaseResult(case, NOT_PIECEWISE, detail=f"drafts {x.tolist()}: {e} (coins: "
                                                           f"{', '.join(names(d) for d in range(B * K1))})")
         except CoinBudgetError as e:
             return CaseResult(case, BUDGET,
                               detail=f"drafts {x.tolist()}: {e} (Settings.max_paths = {settings.max_paths})")
-        budget -= got.evaluations
-        totals["evaluations"] += got.evaluations
+        budget -= calls
+        totals["evaluations"] += calls
         totals["cells"] += len(got.cells)
         laws.append(got)
         expected, tight, exact_rows = _expected_given(case, closed, x, bits)
@@ -479,7 +592,10 @@ def _batched_coin_case(kernel, case, settings):
         if worst is None or (_SEVERITY[status], cmp.tv) > (_SEVERITY[worst[0]], worst[1].tv):
             where = partial(_where, [(got, names, cands)])
             worst = (status, cmp, f"drafts {x.tolist()}: " + _explain(status, cmp, got, impossible, tight, bits, where,
-                                                                     exact_rows))
+                                                                     exact_rows, case.probes)
+                     + (f"; {order_note}" if order_note else ""))
+        elif order_note and order_note not in worst[2]:
+            worst = (worst[0], worst[1], f"{worst[2]}; {order_note}")
     status, cmp, detail = worst
     n_tuples = len(laws)
     cost = (f"{n_tuples} draft tuple(s), {totals['evaluations']} kernel calls "
@@ -725,24 +841,49 @@ def _tree_coin_laws(kernel, case: TreeCoinCase, settings, stats):
 _MAX_WIDTH = 64  # entries of an accept_index row read per tree node (-1 padding included), at most
 
 
+def _tree_id(v) -> int:
+    """An id of a tree kernel's output: an int, a NumPy integer or a 0-d integer array; a float
+    (``2.75``) or a bool is refused, never truncated (as at ``tree_batch``)."""
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{v!r} is a bool, not an id")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{v} ({type(v).__name__}) is not an id: ids are never truncated") from None
+
+
 def _tree_output(out, trees, V) -> tuple:
     """A tree kernel's ``(accept_index [B, S], next_tokens [B])`` as ``((path, next token), ...)`` per row,
     or ``Misbehaved(INVALID)``.  Runs as :func:`call`'s ``convert`` (inside the time limit); everything
     that touches ``out`` runs under :func:`foreign`, so that whatever its methods raise (``SystemExit``
     included) is ``invalid output``.  A row of ``accept_index`` is read to at most ``_MAX_WIDTH``
-    entries per node (a path has at most ``N``, the rest is -1 padding): an endless row is refused."""
+    entries per node (a path has at most ``N``, the rest is -1 padding): an endless row is refused.
+    Each entry is an id (:func:`_tree_id`: floats and bools refused), entry 0 is the root 0, and only
+    trailing -1 is padding (SPEC §11.9, as ``tree_batch`` reads it)."""
     batch, N = len(trees), trees[0].size
     most = _MAX_WIDTH * (N + 1)
     with foreign("kernel returned an output that is not (accept_index [B, S], next_tokens [B])"):
         accept_index, tokens = out
-        index_rows = [[int(i) for i in itertools.islice(iter(accept_index[b]), most + 1)] for b in range(batch)]
-        next_tokens = [int(tokens[b]) for b in range(batch)]
+        raw = [list(itertools.islice(iter(accept_index[b]), most + 1)) for b in range(batch)]
+        raw_tokens = [tokens[b] for b in range(batch)]
     rows = []
-    for b, (index, token) in enumerate(zip(index_rows, next_tokens)):
-        if len(index) > most:
+    for b, (entries, token) in enumerate(zip(raw, raw_tokens)):
+        if len(entries) > most:
             raise Misbehaved(INVALID, f"row {b}: accept_index has more than {most} entries for a tree of {N} nodes")
+        with foreign(f"row {b}: accept_index[{b}] and next_tokens[{b}] must hold ids"):
+            try:
+                index, token = [_tree_id(i) for i in entries], _tree_id(token)
+            except TypeError as e:
+                raise Misbehaved(INVALID, f"row {b}: accept_index[{b}] or next_tokens[{b}] holds {e}") from None
+        if not index or index[0] != 0:
+            raise Misbehaved(INVALID, f"row {b}: accept_index[{b}][0] = {index[0] if index else 'nothing'}, not the "
+                                      f"root 0 (accept_index holds the root, then the accepted nodes)")
+        inner = _inner_padding(index[1:])
+        if inner is not None:
+            raise Misbehaved(INVALID, f"row {b}: accept_index[{b}][{inner[0] + 1}] = -1 but accepted node {inner[1]} "
+                                      f"follows it; only trailing -1 is padding")
         try:
-            path = trees[b].check_path([i for i in index[1:] if i != -1])
+            path = trees[b].check_path(_unpadded(index[1:]))
         except (TypeError, ValueError, IndexError) as e:
             raise Misbehaved(INVALID, f"row {b}: accept_index {index} is not a path of the tree: {e}") from None
         if not 0 <= token < V:
@@ -771,7 +912,8 @@ def _tree_coin_case(kernel, case, settings):
     try:
         got, expected, tight = _tree_coin_laws(kernel, case, settings, stats)
     except NotPiecewiseConstant as e:
-        return CaseResult(case, NOT_PIECEWISE, detail=str(e))
+        return CaseResult(case, NOT_PIECEWISE, detail=f"{e} (searched in SGLang's coin order: uniform_samples[b, j] "
+                                                      f"for node j, then uniform_final[b]; SPEC §11.9)")
     except CoinBudgetError as e:
         return CaseResult(case, BUDGET, detail=f"{e} (Settings.max_paths = {settings.max_paths})")
     status, cmp, impossible = _verdict(got, expected, tight, settings.tolerance)
@@ -784,7 +926,7 @@ def _tree_coin_case(kernel, case, settings):
         laws = [(cl, names, cands) for cl, names, cands, _ in stats["laws"]]
         return "kernel output (path, next token) per row " + _where(laws, _impossible_kernel_outputs(stats, row))
 
-    detail = _explain(status, cmp, got, impossible, tight, bits, where)
+    detail = _explain(status, cmp, got, impossible, tight, bits, where, probes=case.probes)
     laws = [cl for cl, _, _, _ in stats["laws"]]
     cost = (f"{len(laws)} tree draw(s), {stats['evaluations']} kernel calls "
             f"({sum(c.probes for c in laws)} at probe points, {sum(c.bisections for c in laws)} bisecting, "

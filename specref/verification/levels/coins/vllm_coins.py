@@ -33,20 +33,30 @@ The law, in two parts (SPEC §11.11).
    ``Settings.tolerance``; ``boundary`` when the kernel makes a pattern the reference never makes
    (a draft with ``p = 0`` accepted at ``u = 0``: vLLM's ``target_prob / draft_prob >= uniform_prob``
    does), or the case is tight and the TV is not 0; else ``ok``.
-2. *The recovered token, to float32 resolution.*  For i.i.d. ``E ~ Exp(1)`` the race picks ``v``
-   with probability ``s_v / sum s``.  For each row ``b`` and position ``n`` at which a rejection
-   has positive probability, with the acceptance coins of a cell that rejects there and every
-   exponential 1 except ``E[b, v]``, the output at ``n`` is ``v`` exactly while
-   ``E[b, v] < s_v / max_{w != v} s_w``.  Bisection over the float32 values in ``(2^-100, 1]``
-   finds that breakpoint between adjacent floats (the first at which ``v`` no longer wins is
-   taken), so ``w_v = s_v / s_a`` (``a``: the winner at
-   ``E = 1``) is known to a relative ``2^-23``, and the kernel's product ``s inv_q`` rounds by
-   ``2^-24``; the normalised ``w`` is within :func:`race_bound` ``= V 2^-21`` in TV of the
-   kernel's race law, and is compared with the reference residual (exact).  ``differs`` when that
-   TV exceeds ``race_bound + tolerance``.  The race assumption is checked: at
-   :data:`RACE_CHECKS` seeded exponential vectors the kernel's output must be
-   ``argmax_v w_v / E_v`` wherever the best two differ by more than a relative ``2^-16``, else
-   ``not an exponential race``.
+2. *The recovered token: a race per piece of the rejected coin, to float32 resolution.*  For
+   i.i.d. ``E ~ Exp(1)`` the race picks ``v`` with probability ``s_v / sum s``.  For each row ``b``
+   and position ``n`` at which a rejection has positive probability, in a cell of part 1 that
+   rejects there, the rejected coin runs over that cell's interval (the other coins at the cell's
+   midpoints).  A *fit* at a point of it: every exponential 1 except ``E[b, v]``, the output at
+   ``n`` is ``v`` exactly while ``E[b, v] < s_v / max_{w != v} s_w``; bisection over the float32
+   values in ``(2^-100, 1]`` finds that breakpoint between adjacent floats (the first at which
+   ``v`` no longer wins is taken), so ``w_v = s_v / s_a`` (``a``: the winner at ``E = 1``) is known
+   to a relative ``2^-23``.  The fit's *witnesses* (:func:`_witnesses`: every live token just above
+   its breakpoint at once, each alone just below it, the dead ones at ``2^-100``) are exponential
+   vectors at which the race's token is known; the kernel's outputs there are its fingerprint.
+   :func:`_race_pieces` fits at the middle of a piece, evaluates the fingerprint at the piece's
+   ends and every ``1/probes`` inside it, and where it changes cuts the piece there (bisection on
+   the ``2^-53`` grid) and fits each part again; the law is the mixture of the pieces' races,
+   weighted by their lengths, so a kernel that reads its recovered token off the rejected coin is
+   judged by its law.  The kernel's product ``s inv_q`` rounds by ``2^-24``; each piece's
+   normalised ``w`` is within :func:`race_bound` ``= V 2^-21`` in TV of the kernel's race law, and
+   the mixture is compared with the reference residual (exact): ``differs`` when that TV exceeds
+   ``race_bound + tolerance``.  The race assumption is checked at each piece's middle (the
+   witnesses with every exponential times 1, ``2^5`` and ``2^40``: a race does not change when
+   every exponential is scaled; :data:`RACE_CHECKS` seeded ``Exp(1)`` vectors and
+   :data:`TAIL_CHECKS` with a tail entry, wherever the best two differ by more than a relative
+   ``2^-16``) and at the cell's corners; a failure is ``not an exponential race`` -- the law of
+   such a kernel is not computed, so it is never called ``differs``.
 
 The case's status is the worse of the parts; its TV is ``TV_1 + sum_{b, n} P(R at b, n) TV_2(b, n)``,
 a bound on the TV of the whole law.  Cases are :class:`~specref.verification.levels.coins.kernels.CoinCase`
@@ -66,11 +76,12 @@ from functools import partial
 import numpy as np
 
 from specref.core.errors import SpecrefError
-from specref.verification.laws.coins import CoinBudgetError, NotPiecewiseConstant, coin_law
+from specref.verification.laws.coins import CoinBudgetError, NotPiecewiseConstant, coin_law, resolution_text
 from specref.verification.laws.enumeration import compare
 from specref.verification.levels.batched.steps import parse_output
 from specref.verification.levels.coins.kernels import (BOUNDARY, NOT_PIECEWISE, CoinCase, _exact_in, _exact_only,
-                                               _grid_reference, _row_thresholds, _validate_coin_case, _verdict)
+                                               _grid_reference, _row_thresholds, _validate_coin_case, _verdict,
+                                               coverage)
 from specref.verification.levels.batched.engines import VLLM_CALL, SamplingMetadata
 from specref.verification.levels.runner import run_cases
 from specref.verification.running.calling import Misbehaved, call
@@ -81,6 +92,9 @@ __all__ = [
     "VLLM_SEAMS",
     "NOT_RACE",
     "RACE_CHECKS",
+    "TAIL_CHECKS",
+    "RACE_SCALES",
+    "MAX_RACE_PIECES",
     "CoinMetadata",
     "softmax32",
     "race_bound",
@@ -96,7 +110,11 @@ VLLM_SEAMS = ("generate_uniform_probs", "sample_recovered_tokens")
 """The two functions of vLLM V1's ``rejection_sampler.py`` that draw its coins: the seam."""
 
 NOT_RACE = "not an exponential race"  # the recovered token failed the race check
-RACE_CHECKS = 8  # seeded exponential vectors at which the fitted race is checked
+RACE_CHECKS = 8  # seeded Exp(1) vectors at which each piece's fitted race is checked
+TAIL_CHECKS = 4  # seeded vectors with one entry from the tail (times 2^j, j in 3..40)
+RACE_SCALES = (2.0 ** 5, 2.0 ** 40)  # the witnesses again with every exponential scaled: the race is scale-free
+MAX_RACE_PIECES = 64  # pieces of one rejected coin with different races before the kernel is no race
+_MARGIN = 2.0 ** -16  # relative distance of a witness from its breakpoint; also the ties the checks skip
 _LOW = np.float32(2.0 ** -100)  # the smallest exponential probed: 1/E stays finite in float32
 _SEVERITY = {OK: 0, BOUNDARY: 1, DIFFERS: 2}
 
@@ -104,6 +122,10 @@ _SEVERITY = {OK: 0, BOUNDARY: 1, DIFFERS: 2}
 def race_bound(V: int) -> float:
     """The TV within which the fitted race law is the kernel's: ``V 2^-21`` (module docstring)."""
     return V * 2.0 ** -21
+
+
+class _NotRace(Exception):
+    """On a piece of the rejected coin the recovered token is not one exponential race (the detail)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,12 +296,15 @@ def _expected_patterns(case, x):
     return expected, tight
 
 
-def _race_weights(run, u, b, n, V, E_base, expected):
-    """Part 2 for row ``b`` at position ``n``: ``w_v = s_v / s_a`` from the breakpoints (module
-    docstring).  ``expected``: the reference residual's weights; their ratios are probed first (one
-    float either side), which brackets a correct kernel's breakpoint in two calls; bisection does the rest."""
+def _race_weights(run, u, b, n, V, expected):
+    """``(w, a)`` for row ``b`` at position ``n`` with acceptance coins ``u``: ``w_v = s_v / s_a`` from
+    the breakpoints, ``a`` the winner at ``E = 1`` (module docstring).  ``expected``: the reference
+    residual's weights; their ratios are probed first (one float either side), which brackets a
+    correct kernel's breakpoint in two calls; bisection does the rest."""
+    ones = np.ones((u.shape[0], V), dtype=np.float32)
+
     def winner(v, e):
-        E = E_base.copy()
+        E = ones.copy()
         E[b, v] = e
         tokens, _ = run(u, E)
         return int(tokens[b, n])
@@ -287,6 +312,9 @@ def _race_weights(run, u, b, n, V, E_base, expected):
     bits = lambda e: int(np.float32(e).view(np.int32))  # noqa: E731 - positive float32s order as their bits
     value = lambda k: np.int32(k).view(np.float32)  # noqa: E731
     a = winner(0, np.float32(1))
+    if not 0 <= a < V:
+        raise _NotRace(f"row {b}, position {n}, acceptance coins {u[b].tolist()}: every exponential 1 and the kernel "
+                       f"emitted {a} at the rejected position, not a token")
     w = np.zeros(V)
     w[a] = 1.0
     for v in range(V):
@@ -310,24 +338,136 @@ def _race_weights(run, u, b, n, V, E_base, expected):
             else:
                 hi = mid
         w[v] = float(value(hi))  # the first float at which v no longer wins
-    return w
+    return w, a
 
 
-def _race_check(run, u, b, n, w, case, seed):
-    """The fitted race against the kernel at seeded exponentials: ``None`` or what failed."""
-    B, _, V = case.shape
-    rng = np.random.default_rng([seed, b, n])
-    for _ in range(RACE_CHECKS):
-        E = rng.exponential(size=(B, V)).astype(np.float32)
-        score = w / E[b]
-        top = np.sort(score)[::-1]
-        if V > 1 and top[0] - top[1] <= top[0] * 2.0 ** -16:
-            continue
-        tokens, _ = run(u, E)
-        if int(tokens[b, n]) != int(np.argmax(score)):
-            return (f"row {b}, position {n}: at exponentials {E[b].tolist()} the kernel recovered "
-                    f"{int(tokens[b, n])}, the race with weights {np.round(w, 6).tolist()} gives {int(np.argmax(score))}")
+def _witnesses(w, a, b, B, V, scale=1.0) -> list:
+    """``[(E [B, V] float32, the token the race argmax w / E gives)]`` of a fit (SPEC §11.11), every
+    exponential multiplied by ``scale``: all ones; every live token just above its breakpoint (``a``
+    wins); each live token alone just below it (it wins); every dead token at ``2^-100`` (``a`` wins)."""
+    ones = np.full((B, V), scale, dtype=np.float32)
+    live = [v for v in range(V) if v != a and w[v] > 0]
+    dead = [v for v in range(V) if v != a and w[v] == 0]
+    out = [(ones, a)]
+    if live:
+        above = ones.copy()
+        for v in live:
+            above[b, v] = scale * w[v] * (1 + _MARGIN)
+        out.append((above, a))
+    for v in live:
+        below = ones.copy()
+        below[b, v] = scale * w[v] * (1 - _MARGIN)
+        out.append((below, v))
+    if dead:
+        low = ones.copy()
+        low[b, dead] = scale * _LOW
+        out.append((low, a))
+    return out
+
+
+def _mismatch(run, u, b, n, witnesses):
+    """The first witness ``(E, the kernel's token, the race's token)`` the kernel disagrees with, or None."""
+    for E, want in witnesses:
+        got = int(run(u, E)[0][b, n])
+        if got != want:
+            return E, got, want
     return None
+
+
+def _not_race(b, n, u, found, w, what="") -> _NotRace:
+    E, got, want = found
+    return _NotRace(f"row {b}, position {n}, acceptance coins {u[b].tolist()}{what}: at exponentials {E[b].tolist()} "
+                    f"the kernel recovered {got}, the race with weights {np.round(w, 6).tolist()} gives {want}")
+
+
+def _random_exponentials(B, V, b, rng):
+    """``RACE_CHECKS`` seeded ``Exp(1)`` vectors, then ``TAIL_CHECKS`` with one entry of row ``b``
+    multiplied by ``2^j``, ``j`` uniform in ``3..40`` (the tail).  # -> [B, V] float32 each"""
+    for j in range(RACE_CHECKS + TAIL_CHECKS):
+        E = rng.exponential(size=(B, V))
+        if j >= RACE_CHECKS:
+            E[b, rng.integers(V)] *= 2.0 ** int(rng.integers(3, 41))
+        yield E.astype(np.float32)
+
+
+def _race_check(run, u, b, n, w, a, case, seed):
+    """The fitted race against the kernel at a piece's midpoint (SPEC §11.11): the witnesses at
+    every scale, then the seeded vectors wherever the best two differ by more than ``_MARGIN``;
+    raises :class:`_NotRace` naming the first disagreement."""
+    B, _, V = case.shape
+    for scale in (1.0,) + RACE_SCALES:
+        found = _mismatch(run, u, b, n, _witnesses(w, a, b, B, V, scale))
+        if found:
+            raise _not_race(b, n, u, found, w, f", every exponential times {scale:g}" if scale != 1 else "")
+    for E in _random_exponentials(B, V, b, np.random.default_rng([seed, b, n])):
+        score = w / E[b].astype(np.float64)
+        top = np.sort(score)[::-1]
+        if V > 1 and top[0] - top[1] <= top[0] * _MARGIN:
+            continue
+        got = int(run(u, E)[0][b, n])
+        if got != int(np.argmax(score)):
+            raise _not_race(b, n, u, (E, got, int(np.argmax(score))), w)
+
+
+def _race_pieces(run, case, cell, b, n, want, seed) -> list:
+    """``[(lo, hi, w)]``: the pieces of the rejected coin's interval in ``cell`` (grid integers), on
+    each of which the recovered token at ``(b, n)`` is one race ``w`` (SPEC §11.11); the other
+    acceptance coins at the cell's midpoints.  Raises :class:`_NotRace`."""
+    B, K1, V = case.shape
+    K, d, one = K1 - 1, b * (K1 - 1) + n, 2.0 ** -53
+    mids = [(lo + hi - 1) // 2 for lo, hi in cell]
+
+    def u_at(k, ks=mids):
+        ks = list(ks)
+        ks[d] = k
+        return np.array(ks, dtype=np.float64).reshape(B, K) * one
+
+    step = (1 << 53) // case.probes
+    todo: list = [cell[d]]
+    done: list = []
+    while todo:
+        if len(todo) + len(done) > MAX_RACE_PIECES:
+            raise _NotRace(f"row {b}, position {n}: more than {MAX_RACE_PIECES} pieces of the rejected coin (the "
+                           f"acceptance coin of row {b}'s draft {n}) with different races: the recovered token "
+                           f"follows its value")
+        lo, hi = todo.pop()
+        mid = (lo + hi - 1) // 2
+        w, a = _race_weights(run, u_at(mid), b, n, V, want)
+        _race_check(run, u_at(mid), b, n, w, a, case, seed)
+        witnesses = _witnesses(w, a, b, B, V)
+        points = sorted({lo, hi - 1} | set(range((lo // step + 1) * step, hi - 1, step)))
+        off = next((k for k in points if _mismatch(run, u_at(k), b, n, witnesses)), None)
+        if off is None:
+            done.append((lo, hi, w, witnesses))
+            continue
+        good = mid
+        while abs(off - good) > 1:  # where the fingerprint changes, to adjacent grid points
+            k = (good + off) // 2
+            if _mismatch(run, u_at(k), b, n, witnesses):
+                off = k
+            else:
+                good = k
+        cut = max(good, off)
+        todo += [(lo, cut), (cut, hi)]
+    done.sort(key=lambda piece: piece[0])
+    for corner, (_, _, w, witnesses) in (([lo for lo, _ in cell], done[0]), ([hi - 1 for _, hi in cell], done[-1])):
+        u = np.array(corner, dtype=np.float64).reshape(B, K) * one
+        found = _mismatch(run, u, b, n, witnesses)
+        if found:
+            raise _not_race(b, n, u, found, w, " (a corner of the cell: the race moves with the other coins)")
+    return [(lo, hi, w) for lo, hi, w, _ in done]
+
+
+def _mixture(pieces) -> dict:
+    """The recovered token's law: the pieces' fitted laws ``w / Σ w``, weighted by their grid lengths."""
+    total = sum(hi - lo for lo, hi, _ in pieces)
+    law: dict = {}
+    for lo, hi, w in pieces:
+        z = sum((Fraction(float(v)) for v in w), Fraction(0))
+        for j, v in enumerate(w):
+            if v > 0:
+                law[j] = law.get(j, 0) + Fraction(hi - lo, total) * Fraction(float(v)) / z
+    return law
 
 
 def _residual_law(case, b, n, x):
@@ -353,12 +493,21 @@ def _rejections(got, B):
     return out
 
 
+def _race_coverage(probes: int, pieces: int, rejections: int) -> str:
+    """What part 2's ``ok`` covers (SPEC §11.11)."""
+    r = resolution_text(probes)
+    scales = ", ".join(f"2^{int(math.log2(s))}" for s in RACE_SCALES)
+    return (f"recovered token: {pieces} race piece(s) for {rejections} rejection(s), each probed at its rejected "
+            f"coin's ends, every {r} inside and the cell's corners, with exponentials at the fits' witnesses (times 1, "
+            f"{scales}) and {RACE_CHECKS + TAIL_CHECKS} seeded vectors ({TAIL_CHECKS} in the tail); no piece of a "
+            f"rejected coin narrower than {r} probed")
+
+
 def _vllm_coin_tuple(fn, case, x, settings, budget):
     """One draft tuple: ``(status, tv, detail, kernel calls)``.
 
     Over 60 lines: the two parts and their joint verdict read best in one place."""
     B, K1, V = case.shape
-    K = K1 - 1
     run = _runner(fn, case, x, settings)
     try:
         got, bonus = _acceptance_law(run, case, x, settings, budget)
@@ -371,22 +520,25 @@ def _vllm_coin_tuple(fn, case, x, settings, budget):
     notes = [f"acceptance: TV {float(cmp.tv):.3g} (exact)"]
     if impossible:
         notes.append(f"patterns the reference never makes: {impossible[:2]} (a draft accepted at u = 0?)")
-    tv = float(cmp.tv)
-    for (b, n), (mass, cell) in sorted(_rejections(got, B).items()):
-        u = np.array([(lo + hi - 1) // 2 for lo, hi in cell], dtype=np.float64).reshape(B, K) * 2.0 ** -53
+    tv, pieces_seen, rejections = float(cmp.tv), 0, _rejections(got, B)
+    for (b, n), (mass, cell) in sorted(rejections.items()):
         want = _residual_law(case, b, n, x)
-        w = _race_weights(run, u, b, n, V, np.ones((B, V), dtype=np.float32), want)
-        failed = _race_check(run, u, b, n, w, case, settings.seed)
-        if failed:
-            return NOT_RACE, None, f"drafts {x.tolist()}: {failed}", run.calls
-        total = sum((Fraction(float(v)) for v in w), Fraction(0))
-        fitted = {j: Fraction(float(v)) / total for j, v in enumerate(w) if v > 0}
-        race_tv = float(compare(fitted, want).tv)
+        try:
+            pieces = _race_pieces(run, case, cell, b, n, want, settings.seed)
+        except _NotRace as e:
+            return NOT_RACE, None, f"drafts {x.tolist()}: {e}", run.calls
+        pieces_seen += len(pieces)
+        race_tv = float(compare(_mixture(pieces), want).tv)
         tv += float(mass) * race_tv
         if race_tv > race_bound(V) + settings.tolerance:
             status = DIFFERS
+            shown = "; ".join(f"u in [{lo * 2.0 ** -53:.6g}, {hi * 2.0 ** -53:.6g}): "
+                              f"{np.round(w / w.sum(), 6).tolist()}" for lo, hi, w in pieces[:3])
             notes.append(f"recovered token at row {b}, position {n}: TV {race_tv:.3g} from the residual "
-                         f"(race weights {np.round(w / w.sum(), 6).tolist()}, bound {race_bound(V):.2g})")
+                         f"(race weights by piece of the rejected coin: {shown}; bound {race_bound(V):.2g})")
+    if status == OK:
+        notes.append(f"acceptance {coverage(case.probes)}")
+        notes.append(_race_coverage(case.probes, pieces_seen, len(rejections)))
     return status, tv, f"drafts {x.tolist()}: " + "; ".join(notes), run.calls
 
 
