@@ -200,7 +200,7 @@ def real_sglang_greedy():
     def kernel(predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
                retrieve_next_sibling, target_predict):
         outs = [torch.from_numpy(np.ascontiguousarray(a)) for a in (predicts, accept_index, accept_token_num)]
-        ins = [torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+        ins = [torch.from_numpy(np.array(a, dtype=np.int64))  # a copy: the inputs are handed read-only
                for a in (candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, target_predict)]
         with shim.active():
             verify(*outs, *ins)

@@ -177,7 +177,7 @@ def real_mrv2():
     def fn(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,
            expanded_local_pos, temperature, seed, num_speculative_steps):
         def t(a, dtype):
-            return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
+            return torch.from_numpy(np.array(a, dtype=dtype))  # a copy: the inputs are handed read-only
 
         with shim.active():
             sampled, num = rejection_sample(

@@ -40,6 +40,10 @@ as MRV2's sampler reads it and as the level builds it from a batch of ``R`` rows
   per call); exact mode hands the oracle's enumerating generator as ``seed`` (the reference draws
   its coins from it; the logits are then :class:`ExactLog` object arrays, below).
 
+Every call gets the arrays built afresh and read-only (a write is ``writes into its inputs``); the
+level hands all its cases to the one case runner together, so the state check runs a case after
+another (SPEC §11.10, §13.5).
+
 ``sampled`` may hold anything past ``num_sampled`` (MRV2 leaves it unset); the level writes -1
 there and hands ``(sampled, num_sampled)`` to the batched level's output checks and criterion
 (:mod:`specref.verification.levels.batched.steps`: per-row chain-rule laws in exact mode, low-dimensional
@@ -63,7 +67,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from functools import lru_cache
+from functools import lru_cache, partial
 from numbers import Real
 
 import numpy as np
@@ -71,9 +75,11 @@ import numpy as np
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
 from specref.decoding.batched import PLACEHOLDER, batched_step
-from specref.verification.levels.batched.steps import LEVELS as _BATCHED
-from specref.verification.levels.batched.steps import BatchedCase, batched_planner, default_batched_cases, run_batched
+from specref.verification.levels.batched.steps import (BatchedCase, _exact_case, _statistical_case, _validate_case,
+                                                      batched_planner, default_batched_cases)
 from specref.verification.levels.batched.engines import ExactLog
+from specref.verification.levels.runner import run_cases
+from specref.verification.running.calling import Misbehaved, foreign
 from specref.verification.running.level import Level, fixed_reference
 from specref.verification.running.report import Report
 
@@ -184,13 +190,34 @@ def _validate(case, mode):
     if len(temps) != case.shape[0]:
         raise SpecrefError(f"case {case.name!r}: {len(temps)} temperatures for {case.shape[0]} rows")
     for b, t in enumerate(temps):
-        if isinstance(t, bool) or not isinstance(t, (Real, np.floating, np.integer)) or not 0 <= float(t) < math.inf:
-            raise SpecrefError(f"case {case.name!r}: row {b}'s temperature must be a finite number >= 0, got {t!r}")
+        if not _finite_temperature(t):
+            raise SpecrefError(f"case {case.name!r}: temperature[{b}] (row {b}) must be a finite number >= 0, finite "
+                               f"as the float32 it is handed as, got {_shown(t)}")
         if mode == "exact" and case.q_draft is not None and t != 0 and Fraction(t).denominator != 1:
             raise SpecrefError(f"case {case.name!r}: row {b}'s temperature {t!r} is not an integer: in exact mode "
                                "the draft logits T log q must be logarithms of rationals (use statistical mode)")
     if case.array != "numpy":
         raise SpecrefError(f"case {case.name!r}: the mrv2 level hands NumPy arrays (array='numpy'), got {case.array!r}")
+
+
+def _finite_temperature(t) -> bool:
+    """A real number (not a bool), finite, >= 0, and finite in float32 (SPEC §11.10)."""
+    if isinstance(t, (bool, np.bool_)) or not isinstance(t, (Real, np.floating, np.integer)):
+        return False
+    try:
+        value = float(t)
+    except (OverflowError, ValueError, TypeError):  # an int too large for a float
+        return False
+    with np.errstate(over="ignore"):
+        return 0 <= value < math.inf and bool(np.isfinite(np.float32(value)))
+
+
+def _shown(value) -> str:
+    """``repr(value)``, or for an int too long to print, its number of digits."""
+    try:
+        return repr(value)
+    except ValueError:  # Python refuses to print ints of more than 4300 digits
+        return f"an int of about {int(value.bit_length() * math.log10(2)) + 1} digits"
 
 
 # ---------------------------------------------------------------- the call, built from a batch
@@ -268,16 +295,26 @@ class MalformedOutput:
     def __array__(self, *args, **kwargs):
         raise TypeError(self.why)
 
+    def __repr__(self):
+        return "rejection_sample's output"
+
 
 def _outputs(out, R, K):
     """``(sampled [R, K+1] with -1 past num_sampled, num_sampled [R])`` from the call's output,
-    or a :class:`MalformedOutput` saying what is wrong with it."""
+    or a :class:`MalformedOutput` saying what is wrong with it.
+
+    Unpacking and converting the output run under :func:`~specref.verification.running.calling.foreign`
+    (this runs inside the guarded call): whatever they raise, ``SystemExit`` and ``KeyboardInterrupt``
+    included, is ``invalid output`` (SPEC §11.10, §13.3), and a time-out passes through.
+    """
+    what = (f"rejection_sample returned {type(out).__name__}, which could not be read as (sampled "
+            f"[num_reqs, K+1], num_sampled [num_reqs])")
     try:
-        sampled, num = out
-        sampled, num = np.asarray(to_numpy(sampled)), np.asarray(to_numpy(num)).reshape(-1)
-    except (TypeError, ValueError) as e:
-        return MalformedOutput(f"rejection_sample returned {type(out).__name__}, not (sampled [num_reqs, K+1], "
-                               f"num_sampled [num_reqs]): {e}")
+        with foreign(what):
+            sampled, num = out
+            sampled, num = np.asarray(to_numpy(sampled)), np.asarray(to_numpy(num)).reshape(-1)
+    except Misbehaved as e:
+        return MalformedOutput(e.detail)
     if sampled.shape != (R, K + 1) or num.shape != (R,) or sampled.dtype.kind not in "iu" or num.dtype.kind not in "iu":
         return MalformedOutput(f"rejection_sample returned sampled {sampled.dtype} {list(sampled.shape)} and "
                                f"num_sampled {num.dtype} {list(num.shape)}; expected integers [{R}, {K + 1}] and [{R}]")
@@ -302,8 +339,17 @@ class _MRV2Step:
         raw = self.raw if copies == 1 else np.tile(self.raw, (copies, 1, 1))
         if np.asarray(to_numpy(p_target)).dtype != object:
             raw = raw.astype(np.float64)
-        args = mrv2_call(p_target, q_draft, draft_tokens, seed, temps, raw_target=raw)
+        args = tuple(_sealed(a) for a in mrv2_call(p_target, q_draft, draft_tokens, seed, temps, raw_target=raw))
         return _outputs(self.fn(*args), R, args[-1])
+
+
+def _sealed(a):
+    """An array built for one call, handed read-only: a view of it, so it cannot be made writeable again
+    (a write is ``writes into its inputs``); anything else as it is."""
+    if not isinstance(a, np.ndarray):
+        return a
+    a.flags.writeable = False
+    return a.view()
 
 
 # ---------------------------------------------------------------- the reference
@@ -458,18 +504,22 @@ def default_mrv2_cases() -> list:
 
 
 def run_mrv2(level: Level, fn, cases, settings) -> Report:
-    """Each case through the batched level (:func:`~specref.verification.levels.batched.steps.run_batched`)
-    with ``fn`` adapted to its rows (case ``i`` seeded ``settings.seed + i``); verdicts name the case."""
-    for case in cases:
+    """Every case through the one runner together (SPEC §11.10, §13.5), so the state check runs a case
+    after another: each judged by the batched level's bodies with ``fn`` adapted to its rows and the
+    criterion on its law case (case ``i``'s statistical body seeded ``settings.seed + i``, an int read
+    only through ``SeedSequence`` and a hash).  Verdicts name the MRV2 case (raw greedy rows,
+    temperatures)."""
+    def validate(case):
         _validate(case, settings.mode)
-    report = Report(level=level.name, mode=settings.mode)
-    for i, case in enumerate(cases):
-        one = run_batched(_BATCHED[0], _MRV2Step(fn, case), [case.law_case()],
-                          replace(settings, seed=settings.seed + i))
-        result = one.results[0]
-        result.case = case  # the counterexample is the MRV2 case (raw greedy rows, temperatures)
-        report.results.append(result)
-    return report
+        _validate_case("batched", case.law_case(), settings)
+
+    def exact(case):
+        return partial(_exact_case, "batched", _MRV2Step(fn, case), case.law_case(), settings)
+
+    def statistical(case, seed):
+        return partial(_statistical_case, "batched", _MRV2Step(fn, case), case.law_case(), settings, seed)
+
+    return run_cases(level, cases, settings, validate=validate, exact=exact, statistical=statistical, fn=fn)
 
 
 SIGNATURE = ("fn(target_logits [num_logits, V], draft_logits [max_num_reqs, K, V] | None, draft_sampled [num_logits], "

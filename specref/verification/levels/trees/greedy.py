@@ -51,6 +51,15 @@ implementation gets the oracle's seeded ``numpy.random.Generator`` and the outpu
 G-tested against the law (:func:`~specref.verification.levels.runner.sampled_verdict`); a point
 mass is not G-tested (its null has one category) but sampled ``ceil(ln 0.1 / ln(1 - detect_tv))``
 times (230 at the default 0.01), and any output off it is a difference.
+
+**Inputs and outputs** (SPEC §12.5).  The expected law is computed before the first call.  Every
+call gets its inputs afresh and read-only (``greedy_tree``: the five input arrays, the three
+outputs writable; ``greedy_tree_step``: its own copy of the tree, checked after the call, and the
+rows), so a write is ``writes into its inputs``.  The output is read inside the guarded call:
+SGLang's outputs must be integer arrays (never cast), a step's ``(path, next_token)`` is parsed
+as at the tree level (:func:`~specref.verification.levels.trees.sampled.parse_tree_output`,
+bounded reads).  :class:`GreedyTreeCase` fields are validated before any case runs, each error
+naming the case, the field and the value.
 """
 
 from __future__ import annotations
@@ -68,7 +77,8 @@ from specref.core.errors import SpecrefError
 from specref.core.tree import DraftTree, check_tree_rows, to_sglang
 from specref.verification.laws.enumeration import compare, law
 from specref.verification.levels.runner import program_plan, run_cases, sampled_verdict, target_null
-from specref.verification.running.calling import Misbehaved, call
+from specref.verification.levels.trees.sampled import _check_twin, _read_only, _twin, parse_tree_output
+from specref.verification.running.calling import Misbehaved, call, foreign, short_repr
 from specref.verification.running.level import CasePlan, Level, fixed_reference
 from specref.verification.running.report import DIFFERS, INVALID, OK, CaseResult, law_verdict
 from specref.verification.statistics.counts import PLAN_POWER, planned_n
@@ -78,6 +88,7 @@ __all__ = [
     "SOURCE",
     "PARAMETERS",
     "TIES",
+    "MAX_WIDTH",
     "GreedyTreeCase",
     "argmax_law",
     "explain",
@@ -100,6 +111,9 @@ PARAMETERS = ("predicts", "accept_index", "accept_token_num", "candidates", "ret
 
 TIES = ("lowest", "split")
 
+MAX_WIDTH = 1 << 16
+"""A case's ``width`` may pad its trees up to this many nodes (the dense batch is allocated: ``B x width``)."""
+
 
 # ---------------------------------------------------------------- cases
 
@@ -110,7 +124,7 @@ class GreedyTreeCase:
 
     ``trees``: one :class:`~specref.core.tree.DraftTree` per batch row; ``target``: per row, its
     ``[N_b, V]`` target rows (row ``i``: the target after node ``i``'s path; Fractions or floats);
-    ``width``: the dense ``N`` (default the largest tree; smaller trees are padded);
+    ``width``: the dense ``N`` (default the largest tree; smaller trees are padded, to at most :data:`MAX_WIDTH`);
     ``root_tokens``: the committed token per row (``candidates[b, 0]``, default 0).
     """
 
@@ -138,25 +152,61 @@ class GreedyTreeCase:
         return max(t.depth() for t in self.trees)
 
     def __repr__(self):
-        shapes = ", ".join(f"{t.size} nodes" for t in self.trees)
-        return f"GreedyTreeCase({self.name!r}, B={self.batch}, N={self.dense}, V={self.vocab_size}, trees: {shapes})"
+        try:
+            shapes = ", ".join(f"{t.size} nodes" for t in self.trees)
+            return (f"GreedyTreeCase({self.name!r}, B={self.batch}, N={self.dense}, V={self.vocab_size}, "
+                    f"trees: {shapes})")
+        except Exception:  # noqa: BLE001 - a malformed case (refused by the level): its name alone
+            return f"GreedyTreeCase({short_repr(self.name, 80)}, malformed)"
 
 
 def _validate(case):
+    """SpecrefError naming the case, the field and the value for a malformed case (SPEC §12.5)."""
     if not isinstance(case, GreedyTreeCase):
-        raise SpecrefError(f"greedy tree cases must be GreedyTreeCase objects, got {case!r:.120}")
-    if not case.trees or len(case.target) != len(case.trees):
-        raise SpecrefError(f"case {case.name!r}: {len(case.trees)} trees and {len(case.target)} target row sets")
-    V = case.vocab_size
-    for b, (tree, rows) in enumerate(zip(case.trees, case.target)):
-        rows = check_tree_rows(tree, rows)[0]
+        raise SpecrefError(f"greedy tree cases must be GreedyTreeCase objects, got {short_repr(case, 120)}")
+    if not isinstance(case.name, str):
+        raise SpecrefError(f"a GreedyTreeCase's name must be a string, got name={short_repr(case.name, 80)}")
+    where, trees, target = f"case {case.name!r}", case.trees, case.target
+    if not isinstance(trees, (tuple, list)) or not trees:
+        raise SpecrefError(f"{where}: trees must be a non-empty tuple of DraftTree (one per batch row), got "
+                           f"trees={short_repr(trees, 80)}")
+    for b, tree in enumerate(trees):
+        if not isinstance(tree, DraftTree):
+            raise SpecrefError(f"{where}: trees[{b}] must be a DraftTree, got {short_repr(tree, 80)}")
+    if not isinstance(target, (tuple, list)) or len(target) != len(trees):
+        raise SpecrefError(f"{where}: target must be a tuple of {len(trees)} [N_b, V] row tables, one per tree, "
+                           f"got target={short_repr(target, 80)}")
+    V = None
+    for b, (tree, rows) in enumerate(zip(trees, target)):
+        try:
+            rows = check_tree_rows(tree, rows)[0]
+        except SpecrefError as e:
+            raise SpecrefError(f"{where}: target[{b}] (tree {b}'s rows): {e}") from None
+        V = rows.shape[1] if V is None else V
         if rows.shape[1] != V:
-            raise SpecrefError(f"case {case.name!r}: tree {b} has rows over {rows.shape[1]} tokens, tree 0 over {V}")
-    if case.width is not None and case.width < max(t.size for t in case.trees):
-        raise SpecrefError(f"case {case.name!r}: width {case.width} is below the largest tree's node count")
-    if case.root_tokens is not None and (len(case.root_tokens) != case.batch
-                                         or not all(0 <= int(t) < V for t in case.root_tokens)):
-        raise SpecrefError(f"case {case.name!r}: root_tokens must be {case.batch} ids in 0..{V - 1}")
+            raise SpecrefError(f"{where}: target[{b}] has rows over {rows.shape[1]} tokens, target[0] over {V}")
+    _validate_ints(case, where, max(t.size for t in trees), V)
+
+
+def _is_int(v) -> bool:
+    return not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, np.integer))
+
+
+def _validate_ints(case, where, largest, V):
+    """``width`` and ``root_tokens``: ints (not bools, floats or strings) in their ranges."""
+    width, roots = case.width, case.root_tokens
+    if width is not None and (not _is_int(width) or not largest <= width <= max(largest, MAX_WIDTH)):
+        raise SpecrefError(f"{where}: width must be None or an int from the largest tree's node count {largest} "
+                           f"to {max(largest, MAX_WIDTH)} (MAX_WIDTH = 2^16: the dense batch is allocated), "
+                           f"got width={short_repr(width, 80)}")
+    if roots is None:
+        return
+    if not isinstance(roots, (tuple, list)) or len(roots) != len(case.trees):
+        raise SpecrefError(f"{where}: root_tokens must be None or {len(case.trees)} token ids, one per tree, got "
+                           f"root_tokens={short_repr(roots, 80)}")
+    for b, t in enumerate(roots):
+        if not _is_int(t) or not 0 <= t < V:
+            raise SpecrefError(f"{where}: root_tokens[{b}] must be a token id in 0..{V - 1}, got {short_repr(t, 80)}")
 
 
 # ---------------------------------------------------------------- the law
@@ -184,21 +234,20 @@ def argmax_law(tree: DraftTree, rows, ties: str = "lowest") -> dict:
     ``rows [N, V]``: the target after each node.  ``ties="lowest"``: a point mass;
     ``"split"``: each visited node's argmax uniform over its tied maxima.
     """
-    if ties not in TIES:
-        raise SpecrefError(f"ties must be one of {TIES}, got {ties!r}")
+    if not _is_convention(ties):
+        raise SpecrefError(f"ties must be one of {TIES}, got ties={short_repr(ties, 80)}")
     out: dict = {}
-
-    def walk(node, path, w):
+    stack: list = [(0, (), Fraction(1))]  # (node, path to it, probability): iterative, so any depth is judged
+    while stack:
+        node, path, w = stack.pop()
         options = _choices(rows[node], ties)
-        for t in options:
+        for t in reversed(options):  # popped in the order of the options
             child = _first_child(tree, node, t)
             if child is None:
-                key = (tuple(path), int(t))
+                key = (path, int(t))
                 out[key] = out.get(key, Fraction(0)) + w / len(options)
             else:
-                walk(child, path + [child], w / len(options))
-
-    walk(0, [], Fraction(1))
+                stack.append((child, path + (child,), w / len(options)))
     return out
 
 
@@ -245,8 +294,10 @@ def explain(tree: DraftTree, rows, path, token, ties: str = "lowest") -> str | N
 
 def declare_ties(fn, ties: str):
     """``fn`` declared to break ties ``"lowest"`` or ``"split"`` (read by both greedy levels)."""
-    if ties not in TIES:
-        raise SpecrefError(f"ties must be one of {TIES}, got {ties!r}")
+    if not callable(fn):
+        raise SpecrefError(f"declare_ties needs a callable, got {fn!r:.80}")
+    if not _is_convention(ties):
+        raise SpecrefError(f"declare_ties: ties must be one of {TIES}, got ties={short_repr(ties, 80)}")
 
     def declared(*args, **kwargs):
         return fn(*args, **kwargs)
@@ -259,9 +310,14 @@ def declare_ties(fn, ties: str):
 def ties_of(fn) -> str:
     """The tie convention ``fn`` declares (:func:`declare_ties`), ``"lowest"`` by default."""
     ties = getattr(fn, "specref_ties", "lowest")
-    if ties not in TIES:
-        raise SpecrefError(f"{fn!r:.60} declares ties={ties!r}; the conventions are {TIES}")
+    if not _is_convention(ties):
+        raise SpecrefError(f"{fn!r:.60} declares ties={short_repr(ties, 80)}; the conventions are {TIES}")
     return ties
+
+
+def _is_convention(ties) -> bool:
+    """One of :data:`TIES` (a string: an array is never compared elementwise, SPEC §12.5)."""
+    return isinstance(ties, str) and ties in TIES
 
 
 # ---------------------------------------------------------------- the SGLang call
@@ -290,17 +346,27 @@ def sglang_inputs(case: GreedyTreeCase, predict_rows) -> tuple:
             candidates, index, first, sibling, predict)
 
 
+def _outputs(args, out) -> list:
+    """The call's three outputs as NumPy integer arrays (in place: the buffers handed over; a
+    functional kernel: what it returned), read inside the guarded call; never cast from another dtype."""
+    names = ("predicts", "accept_index", "accept_token_num")
+    with foreign(f"the kernel's outputs ({', '.join(names)}) could not be read"):
+        got = out if isinstance(out, tuple) and len(out) == 3 else args[:3]  # a functional kernel returns them
+        arrays = [np.asarray(to_numpy(a)) for a in got]
+    for name, a in zip(names, arrays):
+        if a.dtype.kind not in "iu":
+            raise Misbehaved(INVALID, f"{name} is a {a.dtype} array, not integers: the outputs must be integer arrays "
+                                      f"(they are never cast)")
+    return arrays
+
+
 def _read_back(case, args, out):
-    """Per tree ``(path, next_token)`` from the call's outputs, or Misbehaved naming the row."""
-    predicts, accept_index, accept_num = args[:3]
-    if isinstance(out, tuple) and len(out) == 3:  # a functional kernel: (predicts, accept_index, accept_token_num)
-        predicts, accept_index, accept_num = out
-    try:
-        pr = np.asarray(to_numpy(predicts)).reshape(-1).astype(np.int64)
-        ai = np.asarray(to_numpy(accept_index)).astype(np.int64)
-        num = np.asarray(to_numpy(accept_num)).reshape(-1).astype(np.int64)
-    except (TypeError, ValueError) as e:
-        raise Misbehaved(INVALID, f"the kernel's outputs are not integer arrays: {e}") from None
+    """Per tree ``(path, next_token)`` from the call's outputs, or Misbehaved naming the row (runs inside
+    the guarded call)."""
+    predicts, accept_index, accept_num = _outputs(args, out)
+    pr = predicts.reshape(-1).astype(np.int64)
+    ai = accept_index.astype(np.int64)
+    num = accept_num.reshape(-1).astype(np.int64)
     B, N, S, V = case.batch, case.dense, case.depth + 1, case.vocab_size
     if pr.shape != (B * N,) or ai.shape != (B, S) or num.shape != (B,):
         raise Misbehaved(INVALID, f"outputs of shapes predicts {list(pr.shape)}, accept_index {list(ai.shape)}, "
@@ -383,9 +449,9 @@ def _sglang_program(kernel, case, ties, time_limit):
     def program(rng):
         predict = [[o[0] if len(o) == 1 or i not in visit[b] else int(rng.choice(o))
                     for i, o in enumerate(_choices(r, ties) for r in rs)] for b, rs in enumerate(rows)]
-        args = sglang_inputs(case, predict)
-        out = call(kernel, args, {}, time_limit)
-        return _read_back(case, args, out)
+        made = sglang_inputs(case, predict)
+        args = made[:3] + tuple(_read_only(a) for a in made[3:])  # the outputs writable, the inputs read-only
+        return call(kernel, args, {}, time_limit, convert=lambda out: _read_back(case, args, out), read_only=True)
 
     return program
 
@@ -428,29 +494,33 @@ def _step_program(step, case, time_limit):
     rows = [np.asarray(r) for r in case.target]
 
     def program(rng):
-        out = []
-        for b, tree in enumerate(case.trees):
-            got = call(step, (tree, rows[b].copy(), rng), {}, time_limit)
-            try:
-                path, token = got
-                path = tuple(tree.check_path(path))
-            except (TypeError, ValueError) as e:
-                raise Misbehaved(INVALID, f"tree {b}: step returned {got!r:.120}, not (a root-down path, a token): "
-                                          f"{e}") from None
-            if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < case.vocab_size:
-                raise Misbehaved(INVALID, f"tree {b}: next token {token!r} is outside 0..{case.vocab_size - 1}")
-            out.append((path, int(token)))
-        return tuple(out)
+        return tuple(_judged_step(step, b, tree, rows[b], rng, case.vocab_size, time_limit)
+                     for b, tree in enumerate(case.trees))
 
     return program
+
+
+def _judged_step(step, b, tree, rows, rng, V, time_limit):
+    """One guarded call of the step on its own copy of tree ``b`` and read-only rows; inside the call
+    the copy is checked (a write: ``writes into its inputs``) and the output parsed against ``tree``."""
+    twin = _twin(tree)
+    handed = dict(vars(twin))
+    what = f"tree {b}: step"
+
+    def convert(out):
+        _check_twin(twin, handed, tree, what)
+        return parse_tree_output(out, tree, V, what=what)
+
+    path, token = call(step, (twin, _read_only(rows), rng), {}, time_limit, convert=convert, read_only=True)
+    return tuple(path), int(token)
 
 
 # ---------------------------------------------------------------- verdicts and the levels
 
 
 def _exact(case, program, ties, settings):
+    expected = _batch_law(case, ties)  # before any call
     got = law(program, max_paths=settings.max_paths)
-    expected = _batch_law(case, ties)
     result = law_verdict(case, compare(got, expected), settings.tolerance,
                          label="trees' (path, next token), got, expected")
     if result.status == DIFFERS:

@@ -26,8 +26,9 @@ enumerator's); statistical mode samples N blocks and runs the pooled G-test of
 drafts and completions from its own generator, which the implementation never sees; it may
 ignore its generator and use its own randomness).
 
-Every call gets its own copy of the drafted tree and read-only copies of the rows (a write is
-the status ``writes into its inputs``); its output is parsed inside the guarded call
+Every call gets its own copy of the drafted tree, checked after the call, and read-only copies of
+the rows (views that cannot be made writeable again); a write is the status ``writes into its
+inputs`` (SPEC §12.4).  Its output is parsed inside the guarded call
 (:func:`parse_tree_output`, :func:`parse_tree_batch_output`) against the oracle's own tree, so
 an output whose iteration raises ``SystemExit`` or never ends is ``invalid output`` or a
 time-out.  The target law of a case, and of a dense batch (the product of ``batch`` laws), is
@@ -65,7 +66,7 @@ from specref.verification.running.calling import Misbehaved, call, foreign, shor
 from specref.verification.laws.enumeration import target_law
 from specref.verification.levels.runner import exact_verdict, program_plan, run_cases, sampled_verdict
 from specref.verification.running.level import CasePlan, Level, Option, fixed_reference
-from specref.verification.running.report import INVALID
+from specref.verification.running.report import INVALID, WRITES
 from specref.verification.cases.tables import ProbTable
 
 __all__ = ["TreeCase", "tree_cases", "UserTreeCase", "user_tree_cases", "USER_DRAFTINGS", "TREE_TIES",
@@ -222,13 +223,11 @@ class UserTreeCase:
             if not isinstance(value, str) or value not in known:
                 raise SpecrefError(f"UserTreeCase {self.name!r}: {field} must be one of {known}, got {value!r:.80}")
         object.__setattr__(self, "prompt", _prompt(self.name, self.prompt))
-        if not hasattr(self.target, "shape"):
-            raise SpecrefTypeError(f"UserTreeCase {self.name!r}: target must be an array of next-token rows, "
-                                   f"got {type(self.target).__name__}")
-        table = ProbTable(self.target)  # validates the table
+        table = _user_target(self.name, self.target)
+        object.__setattr__(self, "target", table)  # float32 and float16 tables: renormalised in float64
         try:
             tree, slots = from_padded(self.parents, self.tokens)
-            rows = _user_rows(tree, slots, len(self.parents), self.q_draft, self.drafting, self.ties, table.table)
+            rows = _user_rows(tree, slots, len(self.parents), self.q_draft, self.drafting, self.ties, table)
         except SpecrefError as e:
             raise SpecrefError(f"UserTreeCase {self.name!r}: {e}") from None
         object.__setattr__(self, "parents", tuple(int(v) for v in self.parents))
@@ -287,6 +286,26 @@ class UserTreeCase:
         return (f"UserTreeCase({self.name!r}, V={self.vocab_size}, nodes={self.tree.size}, "
                 f"drafting={self.drafting!r}, q={'given' if self.q_rows is not None else 'None'}, "
                 f"prompt={self.prompt})")
+
+
+def _user_target(name, target):
+    """A user-built tree's target table, validated (SPEC §12.4.1): real numbers or Fractions of shape
+    ``[V] * (h + 1)``, rows that are distributions within ``row_tolerance`` of the dtype; every error
+    names the case and the field.  Float32 and float16 tables come back renormalised in float64."""
+    try:
+        if not hasattr(target, "shape"):
+            raise SpecrefTypeError(f"target must be an array of next-token rows, got {type(target).__name__}")
+        table = target if is_exact(target) else to_numpy(target)
+        if not is_exact(table) and getattr(getattr(table, "dtype", None), "kind", None) not in ("f", "i", "u"):
+            raise SpecrefTypeError(f"target must hold probabilities (a float, integer or Fraction array), got "
+                                   f"dtype {getattr(table, 'dtype', type(table).__name__)}")
+        shape = tuple(table.shape)
+        if len(shape) < 2 or len(set(shape)) != 1 or shape[0] < 1:
+            raise SpecrefError(f"target must have shape [V, V] or [V] * (h + 1), got shape {shape}")
+        table = check_prob_rows("target", table)
+    except SpecrefError as e:
+        raise type(e)(f"UserTreeCase {name!r}: {e}") from None
+    return table if is_exact(table) else np.asarray(table, dtype=np.float64)
 
 
 def _user_rows(tree, slots, n_slots, q_draft, drafting, ties, target):
@@ -413,17 +432,62 @@ def memo_rows(prompt, config=SamplingConfig()):
 
 
 def _read_only(a):
-    """A read-only copy of the oracle's rows for one call (None stays None)."""
+    """A read-only copy of the oracle's rows for one call (None stays None): a view of a read-only
+    copy, so the implementation cannot make it writeable again (the copy itself could be)."""
     if a is None:
         return None
     out = np.array(a, copy=True)
     out.flags.writeable = False
-    return out
+    return out.view()
 
 
 def _twin(tree):
     """The implementation's own copy of a drafted tree: what it does to it never reaches the oracle's."""
     return DraftTree(tree.parents, tree.tokens)
+
+
+def _check_twin(twin, handed: dict, tree, what: str) -> None:
+    """``Misbehaved(WRITES)`` unless the implementation's copy of ``tree`` is as it was handed
+    (``handed``: its attributes then): the same ``parents`` and ``tokens`` tuples, no attribute
+    added, and shape tables, if it had them built, equal to the tree's (SPEC §12.4).  Runs inside
+    the guarded call, before the output is parsed."""
+    with foreign(f"{what}'s copy of the tree could not be read back"):
+        state = None if type(twin) is not DraftTree else dict(vars(twin))
+        tables = None if state is None else state.pop("_shape_tables", None)
+        same = (state is not None and state.keys() == handed.keys()
+                and all(state[k] is v for k, v in handed.items())
+                and (tables is None or _same_tables(tables, tree)))
+    if not same:
+        raise Misbehaved(WRITES, f"{what} wrote into the tree it was handed (its parents, tokens or shape tables "
+                                 f"changed); inputs are shared, copy them before writing")
+
+
+def _same_tables(tables, tree) -> bool:
+    """Whether a copy's cached ``(children, depths)`` are plain lists of ints equal to ``tree``'s."""
+    if type(tables) is not tuple or len(tables) != 2 or type(tables[0]) is not list or type(tables[1]) is not list:
+        return False
+    kids, depths = tables
+    if not all(type(k) is list and all(type(c) is int for c in k) for k in kids):
+        return False
+    return all(type(d) is int for d in depths) and (kids, depths) == tree._tables()
+
+
+def _snapshot(items: list) -> list:
+    """What a list handed over holds, to compare by identity after the call (a list of lists: its rows' items too)."""
+    return [(item, tuple(item) if type(item) is list else None) for item in items]
+
+
+def _unchanged(items, snapshot: list) -> bool:
+    """Whether a list handed over still holds the very items it held (never compared by value: a lazy
+    coin cannot be compared)."""
+    if type(items) is not list or len(items) != len(snapshot):
+        return False
+    for item, (was, inner) in zip(items, snapshot):
+        if item is not was:
+            return False
+        if inner is not None and (len(item) != len(inner) or any(a is not b for a, b in zip(item, inner))):
+            return False
+    return True
 
 
 def _index(v) -> int:
@@ -528,10 +592,18 @@ def _user_tree_program(fn, case: "UserTreeCase", time_limit):
 
 
 def _judged_block(fn, tree, p_target, q_arg, impl_rng, rng, target_row, V, depth, time_limit):
-    """One guarded call on its own copies of the tree and rows, its output parsed against ``tree``,
-    and the block completed to ``depth + 1`` tokens by target sampling (``target_row(path) -> [V]``)."""
-    path, token = call(fn, (_twin(tree), _read_only(p_target), _read_only(q_arg), impl_rng), {}, time_limit,
-                       convert=lambda out: parse_tree_output(out, tree, V), read_only=True)
+    """One guarded call on its own copies of the tree and rows, the copy of the tree checked and its
+    output parsed against ``tree``, and the block completed to ``depth + 1`` tokens by target
+    sampling (``target_row(path) -> [V]``)."""
+    twin = _twin(tree)
+    handed = dict(vars(twin))
+
+    def convert(out):
+        _check_twin(twin, handed, tree, "tree_step_fn")
+        return parse_tree_output(out, tree, V)
+
+    path, token = call(fn, (twin, _read_only(p_target), _read_only(q_arg), impl_rng), {}, time_limit,
+                       convert=convert, read_only=True)
     block = [tree.tokens[n] for n in path] + [int(token)]
     while len(block) < depth + 1:
         block.append(draw(rng, target_row(tuple(block))))
@@ -577,10 +649,9 @@ def _budget(case, settings, batch: int = 1):
     """The case's target law of ``depth + 1`` tokens, and of ``batch`` blocks (their product), within
     ``settings.max_paths``: SpecrefError naming it (an ``over budget`` status) before any is built."""
     V, depth = case.vocab_size, case.depth
-    prefixes = sum(V ** i for i in range(depth + 1)) if V > 1 else depth + 1
-    if prefixes > settings.max_paths:
-        raise SpecrefError(f"case {case.name!r}: its target law has up to {prefixes} prefixes (V={V}, "
-                           f"{depth + 1} tokens), over max_paths={settings.max_paths}; shrink the case or raise max_paths")
+    if _prefixes_over(V, depth, settings.max_paths):
+        raise SpecrefError(f"case {case.name!r}: its target law has more prefixes than max_paths={settings.max_paths} "
+                           f"(V={V}, {depth + 1} tokens); shrink the case or raise max_paths")
     target, _ = case.models()
     one = target_law(target, list(case.prompt), SamplingConfig(), depth + 1, max_paths=settings.max_paths)
     if batch > 1 and len(one) > 1 and batch * math.log(len(one)) > math.log(settings.max_paths) + 1e-9:
@@ -588,6 +659,18 @@ def _budget(case, settings, batch: int = 1):
                            f"outcomes, over max_paths={settings.max_paths}; shrink the batch or the case, or "
                            f"raise max_paths")
     return one
+
+
+def _prefixes_over(V: int, depth: int, limit: int) -> bool:
+    """Whether ``sum(V ** i for i <= depth)`` passes ``limit``, counted only until it does (a deep
+    tree's sum has thousands of digits: never formed, never printed)."""
+    total, level = 0, 1
+    for _ in range(depth + 1):
+        total += level
+        if total > limit:
+            return True
+        level *= V
+    return False
 
 
 def _run(spec, fn, cases, settings):
@@ -810,9 +893,17 @@ def _tree_batch_program(kernel, case: TreeCase, batch: int, time_limit):
         links = [to_sglang(t, root_token=0) for t in trees]
         coins = [[rng.random() for _ in range(trees[0].size)] for _ in range(batch)]
         finals = [rng.random() for _ in range(batch)]
-        parsed = call(kernel, ([c for c, _, _ in links], [f for _, f, _ in links], [s for _, _, s in links],
-                               coins, finals, _read_only(np.stack(p_rows))), {}, time_limit,
-                      convert=lambda out: parse_tree_batch_output(out, trees, V), read_only=True)
+        handed = ([c for c, _, _ in links], [f for _, f, _ in links], [s for _, _, s in links], coins, finals)
+        kept = [_snapshot(a) for a in handed]
+
+        def convert(out):
+            if not all(_unchanged(a, k) for a, k in zip(handed, kept)):
+                raise Misbehaved(WRITES, "the kernel wrote into the links or coins it was handed; inputs are shared, "
+                                         "copy them before writing")
+            return parse_tree_batch_output(out, trees, V)
+
+        parsed = call(kernel, handed + (_read_only(np.stack(p_rows)),), {}, time_limit, convert=convert,
+                      read_only=True)
         blocks = []
         for b, (path, token) in enumerate(parsed):
             block = [trees[b].tokens[n] for n in path] + [token]
