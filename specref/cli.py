@@ -9,9 +9,11 @@
     specref bench [...]                                   measured speedups (python -m specref.bench)
 
 Each subcommand is one small function: it parses, calls the library, and maps the result to the
-exit status -- 0 ok, 1 the implementation differs or misbehaves, 2 a usage error (an unknown
-subcommand or flag prints the usage), an implementation that cannot be loaded, or an internal
-error.  The work is done by the same functions as ``python -m specref.verify`` and
+exit status -- 0 every case ok, 1 any other status of the implementation (it differs, misbehaves,
+or timed out: no verdict), 2 a usage error (an unknown subcommand or flag prints the usage), an
+implementation that cannot be loaded, or an internal error.  With ``--no-isolate`` the work runs
+in one child process that the command supervises (:func:`specref.verify.supervised`), so that an
+implementation that ends its process still gets 1, never its own exit status (SPEC §13.3).  The work is done by the same functions as ``python -m specref.verify`` and
 ``python -m specref.bench``, which keep working as they were.
 
 Nothing here names a level: ``--level`` is looked up in
@@ -79,10 +81,12 @@ def _add_implementation(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", required=True, metavar="MODULE:FUNCTION", help="the implementation")
     p.add_argument("--level", default="step", metavar="LEVEL", help="a registered level (listed below; default step)")
     p.add_argument("--samples", type=_positive_int, help="statistical mode: N per case (default: planned)")
-    p.add_argument("--time-limit", type=_positive_float, default=10.0, help="seconds per call (default 10)")
+    p.add_argument("--time-limit", type=_positive_float, default=None,
+                   help="seconds per call (default: derived from the calls measured -- a case's first call 45 s, "
+                        "then 4 x the slowest, at least 10 s -- and the first time-out ends the check; SPEC 13.2)")
     p.add_argument("--no-isolate", action="store_true",
-                   help="run the implementation in this process (faster; no hard deadline, and an implementation "
-                        "that exits or crashes ends the run)")
+                   help="run the cases in one process, not a worker each (faster; no hard deadline, and an "
+                        "implementation that exits or crashes ends the run, with exit status 1)")
     p.add_argument("--batch", type=int, metavar="N",
                    help="step, logits and decoder levels: the implementation takes N samples per call, rows "
                         "stacked (SPEC 13.1)")
@@ -95,7 +99,8 @@ def parser() -> argparse.ArgumentParser:
     """The ``specref`` command line: one subparser per subcommand, each with its function as ``run``."""
     ap = _Parser(prog="specref", description="specref: the reference implementation and exact verifier of "
                                              "speculative decoding.",
-                 epilog="exit status: 0 ok, 1 differs or misbehaves, 2 usage error. specref COMMAND -h for each.")
+                 epilog="exit status: 0 every case ok, 1 a case differs, misbehaves or timed out (no verdict), "
+                        "2 usage or internal error. specref COMMAND -h for each.")
     ap.add_argument("--version", action="version", version=f"specref {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
@@ -110,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", levels=True, help="the oracle's verdict on an implementation",
                        description="Check MODULE:FUNCTION with the oracle: 0 preserves the target distribution, "
-                                   "1 differs or misbehaves, 2 usage error.")
+                                   "1 differs, misbehaves or timed out (no verdict), 2 usage or internal error.")
     _add_implementation(p)
     p.add_argument("--mode", choices=["exact", "statistical"], default="exact")
     p.add_argument("--json", metavar="PATH", help="write the whole report as JSON")
@@ -127,7 +132,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="run a sweep file (TOML or JSON), resumable",
                        description="Run the sweep in FILE (specref.verification.campaigns.sweep): 0 every cell ok, "
-                                   "1 one differs or misbehaves, 2 usage or internal error.")
+                                   "1 one differs, misbehaves or timed out, 2 usage or internal error.")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--out", metavar="PATH", help="the JSON record (resumed when it exists)")
     p.add_argument("--no-isolate", action="store_true", help="run the implementations in this process")
@@ -165,15 +170,24 @@ def selftest(args) -> int:
 
 
 def check(args) -> int:
-    """``specref check``: :func:`specref.verify.check_outside`; 0 preserves, 1 differs or misbehaves, 2 usage."""
+    """``specref check``: :func:`specref.verify.check_outside`; 0 preserves, 1 differs, misbehaves or timed out,
+    2 usage or internal error (``--no-isolate``: supervised, :func:`specref.verify.supervised`)."""
     from specref import verify
 
-    return verify.with_executor(partial(verify.check_args, args), workers=args.workers, scheduler=args.scheduler)
+    run = partial(verify.with_executor, partial(verify.check_args, args), workers=args.workers,
+                  scheduler=args.scheduler)
+    return verify.supervised(run) if args.no_isolate else run()
 
 
 def plan(args) -> int:
     """``specref plan``: :func:`specref.verification.campaigns.planning.plan`'s table; 0 planned,
-    1 a timed call misbehaved (its row's note says how), 2 usage error."""
+    1 a timed call misbehaved (its row's note says how), 2 usage error (``--no-isolate``: supervised)."""
+    from specref import verify
+
+    return verify.supervised(partial(_plan, args)) if args.no_isolate else _plan(args)
+
+
+def _plan(args) -> int:
     from specref.core.errors import SpecrefError
     from specref.verification.campaigns import planning
     from specref.verify import load_outside
@@ -202,7 +216,8 @@ def sweep(args) -> int:
 
     job = partial(verify.run_sweep_file, args.file, out=args.out, progress=not args.no_progress,
                   isolate=not args.no_isolate)
-    return verify.with_executor(job, workers=args.workers, scheduler=args.scheduler)
+    run = partial(verify.with_executor, job, workers=args.workers, scheduler=args.scheduler)
+    return verify.supervised(run, loaded=True) if args.no_isolate else run()
 
 
 def bench(argv: list[str]) -> int:

@@ -597,6 +597,13 @@ def load_outside(spec: str, level: str, *, rules=None, batch: int | None = None,
     except SpecrefError as e:
         print(str(e), file=sys.stderr)
         return None
+    except KeyboardInterrupt:
+        if _SUPERVISOR[0] is None:  # here a Ctrl-C cannot be told from the module's own
+            raise
+        print(f"cannot load {spec!r}: importing it raised KeyboardInterrupt (a Ctrl-C is answered by the "
+              f"supervising command)", file=sys.stderr)
+        return None
+    _loaded()
     try:  # a level the module just imported registered, or an error that names the registered levels
         if not known:
             oracle.declared(level, _not_yet_imported, rules=rules, batch=batch)
@@ -625,7 +632,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-isolate", action="store_true",
                     help="--impl, --sweep: run the implementation in this process (faster; no hard deadline, and "
                          "an implementation that exits or crashes ends the run)")
-    ap.add_argument("--time-limit", type=float, default=10.0, help="--impl: seconds per call (default 10)")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="--impl: seconds per call (default: derived from the calls measured, SPEC 13.2)")
     ap.add_argument("--batch", type=int, metavar="N",
                     help="--impl at the step, logits and decoder levels: the implementation takes N samples per "
                          "call, rows stacked (SPEC 13.1)")
@@ -645,6 +653,8 @@ def main(argv=None) -> int:
         ap.error(f"--samples must be a positive integer, got {args.samples}")  # exits 2
     if (args.batch is not None or args.rules) and not args.impl:
         ap.error("--batch and --rules declare an implementation: they go with --impl")  # exits 2
+    if args.time_limit is not None and not 0 < args.time_limit < float("inf"):
+        ap.error(f"--time-limit must be a positive number of seconds, got {args.time_limit}")  # exits 2
     if args.sweep:
         job = partial(run_sweep_file, args.sweep, out=args.out, progress=not args.no_progress,
                       isolate=not args.no_isolate)
@@ -654,7 +664,120 @@ def main(argv=None) -> int:
         job = partial(selftest, quick=args.quick, scenario=args.scenario, json_path=args.json,
                       progress=not args.no_progress,
                       command="python -m specref.verify " + " ".join(argv or sys.argv[1:]))
-    return with_executor(job, workers=args.workers, scheduler=args.scheduler)
+    run = partial(with_executor, job, workers=args.workers, scheduler=args.scheduler)
+    return supervised(run, loaded=bool(args.sweep)) if args.no_isolate and (args.impl or args.sweep) else run()
+
+
+# ---------------------------------------------------------------- --no-isolate: one supervised process
+
+
+_SUPERVISOR: list = [None]  # in a supervised child: the pipe to the supervising command
+
+
+def supervised(run, *, loaded: bool = False) -> int:
+    """``run()``'s exit status, with ``run`` in one forked child that the command supervises (SPEC
+    §13.3): under ``--no-isolate`` the implementation runs in the checking process, where
+    ``os._exit(0)``, a crash or a signal would end the command with a status that is not the
+    verdict's.  The child's output comes here as it is written; a child that ends without an exit
+    status is 1 (the implementation ended the check's process: ``crashed``), or 2 when it ended
+    while the implementation was being imported (``loaded``: nothing is imported first, as in a
+    sweep).  A Ctrl-C here ends both: 130.  Without ``fork``, ``run()`` here."""
+    import multiprocessing
+
+    from specref.verification.running.calling import can_isolate
+
+    if not can_isolate():
+        return run()
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    ttys = (_isatty(sys.stdout), _isatty(sys.stderr))
+    child = ctx.Process(target=_supervised_child, args=(run, send, ttys), name="specref-check")  # not daemonic
+    child.start()
+    send.close()
+    code = None
+    try:
+        while code is None:
+            try:
+                kind, value = receive.recv()
+            except (EOFError, OSError):
+                break
+            if kind == "exit":
+                code = value
+            elif kind == "loaded":
+                loaded = True
+            else:
+                stream = sys.stdout if kind == "out" else sys.stderr
+                stream.write(value)
+                stream.flush()
+    except KeyboardInterrupt:  # the person running it pressed Ctrl-C (the child got it too)
+        child.kill()
+        child.join()
+        print("interrupted", file=sys.stderr)
+        return 130
+    child.join()
+    return code if code is not None else _ended(child.exitcode, loaded)
+
+
+def _ended(exitcode, loaded: bool) -> int:
+    """The exit status, printed, of a supervised child that ended without one."""
+    how = (f"killed by signal {-exitcode}" if exitcode is not None and exitcode < 0
+           else f"ended with exit code {exitcode}")
+    if not loaded:
+        print(f"cannot load the implementation: the process importing it {how} (--no-isolate)", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"crashed: the implementation ended the check's process ({how}) before the report: with --no-isolate "
+          f"it runs in that process (without it, each case's worker would be reported 'crashed')", file=sys.stderr)
+    return EXIT_DIFFERS
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except Exception:  # noqa: BLE001 - a stream without isatty
+        return False
+
+
+class _Forward:
+    """A text stream of a supervised child: what is written goes to the command's own stream."""
+
+    encoding, errors = "utf-8", "replace"
+
+    def __init__(self, send, kind: str, tty: bool):
+        self.send, self.kind, self.tty = send, kind, tty
+
+    def write(self, text) -> int:
+        self.send.send((self.kind, str(text)))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def _supervised_child(run, send, ttys):
+    """The supervised child: ``run()``, its output forwarded, its exit status sent (an exception
+    that escaped everything is an internal error, 2; a KeyboardInterrupt raised without a Ctrl-C
+    came from the implementation, outside a call or at its import)."""
+    _SUPERVISOR[0] = send
+    sys.stdout, sys.stderr = _Forward(send, "out", ttys[0]), _Forward(send, "err", ttys[1])
+    try:
+        code = run()
+    except KeyboardInterrupt:
+        print("internal error: a KeyboardInterrupt escaped the oracle (raised by the implementation outside a "
+              "call; a Ctrl-C is answered by the command)", file=sys.stderr)
+        code = EXIT_ERROR
+    except BaseException as e:  # noqa: BLE001 - reported, and the status says so
+        print(f"internal error: {type(e).__name__} escaped the oracle", file=sys.stderr)
+        code = EXIT_ERROR
+    send.send(("exit", code))
+
+
+def _loaded() -> None:
+    """Tell a supervising command that the implementation is imported (a death after it is a crash)."""
+    if _SUPERVISOR[0] is not None:
+        _SUPERVISOR[0].send(("loaded", None))
 
 
 def with_executor(job, *, workers: int = 1, scheduler: str | None = None) -> int:

@@ -166,6 +166,9 @@ def test_check_and_plan_run_a_level_that_the_implementation_s_module_registers(t
     code, out, err = run("plan", "--impl", f"{third_party}:speculative_step", "--level", "third_party_step",
                          "--mode", "exact", "--calls", "1", "--no-isolate")
     assert code == 0 and "total ETA" in out, out + err
+    # --no-isolate ran each command in a supervised child (SPEC 13.3): the registration stayed there
+    assert "third_party_step" not in specref.LEVELS
+    __import__(third_party)  # once imported here, the help lists the level it registers
     assert "  third_party_step: step_fn(" in run("check", "--help")[1]
 
 

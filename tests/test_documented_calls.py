@@ -27,7 +27,6 @@ import pytest
 
 from specref.verification.levels import LEVELS
 from specref.verification.levels.batched.engines import FLASHINFER_CALL, FLASHINFER_PARAMETERS, VLLM_CALL, VLLM_PARAMETERS
-from specref.verification.campaigns.planning import plan
 from specref.verification.oracle import check
 
 re_ = pytest.importorskip("specref.adapters.real_engines.wheels")
@@ -88,12 +87,10 @@ def test_vllm_rejection_sample_has_the_documented_call(kernels):
         # once through the level: the smallest case, a few hundred rows (the Triton path is interpreted)
         case = [c for c in LEVELS["vllm"].cases() if c.name == "two-rows"]
         samples = 2_000 if kernels == "cpp" else 100
-        # the per-call limit from the calls as timed here (the interpreted Triton path is slow on a loaded machine)
-        row = plan("vllm", vllm_engine(rejection_sample), case, mode="statistical", samples=samples, calls=1,
-                   time_limit=600.0, quiet=True)[0]
-        limit = max(10.0, 10 * max(row.first_call_s or 0.0, row.seconds_per_call or 0.0))
+        # the default per-call limit follows the calls as measured (SPEC 13.2): the interpreted Triton path,
+        # slow on a loaded machine, once timed out at a fixed 10 s and was reported as a failure
         report = check("vllm", vllm_engine(rejection_sample), cases=case, mode="statistical",
-                       samples=samples, seed=7, progress=False, time_limit=limit)
+                       samples=samples, seed=7, progress=False)
     print(f"\n{dist} {version} rejection_sample{inspect.signature(rejection_sample)}\n{report}")
     assert report.ok and report.results[0].n_samples, str(report)
     assert not [m for m in sys.modules if m.partition(".")[0] == "vllm"]  # gone again after the block

@@ -157,7 +157,10 @@ def test_shape_key_reads_arrays_ints_tuples_and_widths():
 
 
 def level_check(level, fn, cases, **kw):
-    return oracle.check(level, fn, cases=cases, **kw)
+    """An exact check in this process (isolate=False; the default isolates): the implementation's state
+    carries from case to case as in a server, and its counters are read here.  The isolated second
+    runs are tested on their own (test_an_isolated_check_runs_each_second_run_after_its_predecessor...)."""
+    return oracle.check(level, fn, cases=cases, **{"isolate": False, **kw})
 
 
 @pytest.mark.parametrize("entry", stateful.entries(), ids=lambda e: e.name)
@@ -249,18 +252,18 @@ def test_the_default_second_pass_takes_partnered_cases_and_one_lone_shape():
     alone = {}
     for case in (STEP_A, STEP_B, STEP_C, STEP_D):
         counted = Counted(chain_zoo.reference)
-        oracle.check("step", counted, cases=[case], state_check=False)
+        oracle.check("step", counted, isolate=False, cases=[case], state_check=False)
         alone[case.name] = counted.calls
     for case in (STEP_A, STEP_C):  # one case: nothing to come after, no second run by default
         counted = Counted(chain_zoo.reference)
-        assert oracle.check("step", counted, cases=[case]).ok
+        assert oracle.check("step", counted, isolate=False, cases=[case]).ok
         assert counted.calls == alone[case.name]
     counted = Counted(chain_zoo.reference)  # A and B partners; C, D lone shapes: one of them again
-    assert oracle.check("step", counted, cases=[STEP_A, STEP_C, STEP_B, STEP_D]).ok
+    assert oracle.check("step", counted, isolate=False, cases=[STEP_A, STEP_C, STEP_B, STEP_D]).ok
     once = sum(alone.values())
     assert counted.calls - once - alone["A"] - alone["B"] in (alone["C"], alone["D"])
     counted = Counted(chain_zoo.reference)
-    oracle.check("step", counted, cases=[STEP_C], state_check=True)  # on request: after itself
+    oracle.check("step", counted, isolate=False, cases=[STEP_C], state_check=True)  # on request: after itself
     assert counted.calls == 2 * alone["C"]
 
 
@@ -281,17 +284,17 @@ def test_a_failed_case_is_not_judged_again():
     alone = {}
     for case in LEVEL_CASES["step"]:
         counted = Counted(wrong_at_k2)
-        oracle.check("step", counted, cases=[case], state_check=False)
+        oracle.check("step", counted, isolate=False, cases=[case], state_check=False)
         alone[case.name] = counted.calls
     counted = Counted(wrong_at_k2)
-    report = oracle.check("step", counted, cases=LEVEL_CASES["step"])
+    report = oracle.check("step", counted, isolate=False, cases=LEVEL_CASES["step"])
     assert [r.status for r in report.results] == [OK, "differs", OK]
     assert counted.calls == 2 * alone["A"] + alone["C"] + 2 * alone["B"]
 
 
 def test_a_second_run_that_times_out_is_a_time_out_not_stateful():
     once = Counted(chain_zoo.reference)
-    oracle.check("step", once, cases=LEVEL_CASES["step"], state_check=False)
+    oracle.check("step", once, isolate=False, cases=LEVEL_CASES["step"], state_check=False)
 
     class SlowLater(Counted):
         def __call__(self, *args):
@@ -302,7 +305,8 @@ def test_a_second_run_that_times_out_is_a_time_out_not_stateful():
                 time.sleep(0.5)
             return self.fn(*args)
 
-    report = oracle.check("step", SlowLater(chain_zoo.reference), cases=LEVEL_CASES["step"], time_limit=0.1)
+    report = oracle.check("step", SlowLater(chain_zoo.reference), isolate=False, cases=LEVEL_CASES["step"],
+                          time_limit=0.1)
     assert {r.status for r in report.results} == {TIMEOUT}, str(report)
     assert all("the state check's second run" in r.detail for r in report.results)
 

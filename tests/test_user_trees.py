@@ -70,14 +70,14 @@ def test_the_implementation_gets_the_q_rows_it_was_given_and_the_tree_without_pa
         seen.append((tree, None if q_draft is None else q_draft.copy()))
         return tree_verify.pointmass_verify(tree, p_target, q_draft, rng)
 
-    check_tree(recording, cases=[CASES["topk-with-q"]])
+    check_tree(recording, isolate=False, cases=[CASES["topk-with-q"]])
     tree, q = seen[-1]
     assert q is not None and (q == rows_of((-1, 0, 1, 0, 1, 1, 2))).all()  # q given for top-k children: handed on
     seen.clear()
-    check_tree(recording, cases=[CASES["topk-point-mass"]])
+    check_tree(recording, isolate=False, cases=[CASES["topk-point-mass"]])
     assert seen[-1][1] is None
     seen.clear()
-    check_tree(recording, cases=[CASES["sglang-padded"]])  # slots 2 and 5 are padding: nodes 0, 1, 3, 4 remain
+    check_tree(recording, isolate=False, cases=[CASES["sglang-padded"]])  # slots 2 and 5 are padding: nodes 0, 1, 3, 4 remain
     tree, q = seen[-1]
     assert tree == DraftTree((-1, 0, 0, 1), (-1, 1, 0, 1)) and CASES["sglang-padded"].slots == (0, 1, 3, 4)
     assert (q == np.stack([Q[0], Q[1], Q[0], Q[1]])).all()

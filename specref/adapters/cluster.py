@@ -9,8 +9,13 @@ the two that the command line offers:
 - :func:`dask_executor` -- ``--scheduler tcp://host:port``: the executor of a
   ``dask.distributed.Client`` connected to a cluster the user already runs, or
   (``scheduler=None``) to a ``LocalCluster`` of ``workers`` processes on the loopback
-  interface.  Dask retries a shard whose worker died (``retries``); a shard's counts
-  are merged only once, when its result arrives, so nothing is counted twice.
+  interface, or of a ``Client`` the caller holds (``client=``).  Dask retries a shard whose
+  worker died (``retries``); a shard's counts are merged only once, when its result arrives,
+  so nothing is counted twice.
+
+A ``Client`` itself, or its own ``client.get_executor()``, handed to a check as ``executor`` is
+refused, with a message naming :func:`dask_executor` (``Settings``, SPEC §6.4): its shards would
+run on Dask's threads (below), measured 2.07x the time of a pool of the same size.
 
 **Why a Dask shard runs in a process of its own.**  A Dask worker runs tasks on threads of
 its pool, never on its main thread, and there the oracle's per-call time limit
@@ -21,7 +26,8 @@ more than the call itself -- measured 0.40 ms of oracle time per sample on a thr
 0.07 ms on a main thread, which is why a 2-process LocalCluster took 2.3x the time of a
 2-process pool.  :func:`dask_executor` therefore hands each shard, cloudpickled, to a
 process of the worker's own (one per worker thread, spawned once, ended with the block or
-with its worker), where it runs on the main thread exactly as in a process pool.  ``main_thread=False`` turns this off (the shard runs on the Dask thread).  The
+with its worker), where it runs on the main thread exactly as in a process pool.  ``main_thread=False`` turns this off (the shard runs on the Dask thread: the benchmark's
+comparison row).  The
 LocalCluster's workers are started non-daemonic (``distributed.worker.daemon: false``), as
 a process that starts one must be; on a cluster of daemonic workers (Dask's default) the
 shard runs on the Dask thread: start those workers with that setting to get the speed.
@@ -55,14 +61,15 @@ def local_pool(workers: int):
 
 @contextmanager
 def dask_executor(scheduler: str | None = None, *, workers: int = 2, timeout: float = CONNECT_TIMEOUT,
-                  retries: int = 3, main_thread: bool = True):
+                  retries: int = 3, main_thread: bool = True, client=None):
     """``with dask_executor("tcp://host:8786") as executor:`` -- a Dask client's executor.
 
     ``scheduler=None`` starts a ``LocalCluster`` (``workers`` processes, one thread
     each, 127.0.0.1) for the duration of the block.  An unreachable scheduler is a
-    SpecrefError after ``timeout`` seconds.  ``main_thread``: each task runs on the main
-    thread of a process of its worker's own (module docstring); the task and its result
-    travel cloudpickled, so lambdas travel too.
+    SpecrefError after ``timeout`` seconds.  ``client``: a ``distributed.Client`` the caller
+    holds (then no ``scheduler``); it stays open after the block.  ``main_thread``: each task
+    runs on the main thread of a process of its worker's own (module docstring); the task and
+    its result travel cloudpickled, so lambdas travel too.
     """
     if not isinstance(main_thread, bool):
         raise SpecrefError(f"main_thread must be True or False, got {main_thread!r}")
@@ -70,6 +77,13 @@ def dask_executor(scheduler: str | None = None, *, workers: int = 2, timeout: fl
         from distributed import Client, LocalCluster
     except ImportError:
         raise SpecrefError("Dask is not installed: pip install 'specref[distributed]'") from None
+    if client is not None:
+        if not isinstance(client, Client) or scheduler is not None:
+            raise SpecrefError(f"client must be a distributed.Client, given without a scheduler, got "
+                               f"client={client!r:.80}, scheduler={scheduler!r}")
+        with _executor_of(client, retries, main_thread, close=False) as executor:
+            yield executor
+        return
     if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < float("inf")):
         raise SpecrefError(f"timeout must be a positive number of seconds, got {timeout!r}")
     retries = check_positive_int("retries", retries, minimum=0)
@@ -91,19 +105,28 @@ def dask_executor(scheduler: str | None = None, *, workers: int = 2, timeout: fl
             client = Client(address, timeout=f"{timeout}s")
         except (OSError, TimeoutError) as e:
             raise SpecrefError(f"cannot reach the Dask scheduler at {address!r} within {timeout} s: {e}") from None
-        try:
-            executor = client.get_executor(retries=retries, pure=False)
-            yield _OnMainThread(executor) if main_thread else executor
-        finally:
-            if main_thread:
-                try:  # the workers' own processes end with the block, on any cluster
-                    client.run(_close_pool)
-                except Exception:  # noqa: BLE001 - a worker that is gone has no pool left to close
-                    pass
-            client.close()
+        with _executor_of(client, retries, main_thread, close=True) as executor:
+            yield executor
     finally:
         if cluster is not None:
             cluster.close()
+
+
+@contextmanager
+def _executor_of(client, retries: int, main_thread: bool, *, close: bool):
+    """``client``'s executor for checks (its shards on main threads, or marked as on Dask's threads);
+    the workers' own processes end with the block, and ``client`` too when ``close``."""
+    try:
+        executor = client.get_executor(retries=retries, pure=False)
+        yield _OnMainThread(executor) if main_thread else _OnDaskThreads(executor)
+    finally:
+        if main_thread:
+            try:  # the workers' own processes end with the block, on any cluster
+                client.run(_close_pool)
+            except Exception:  # noqa: BLE001 - a worker that is gone has no pool left to close
+                pass
+        if close:
+            client.close()
 
 
 # ---------------------------------------------------------------- Dask tasks on a main thread
@@ -128,6 +151,14 @@ class _OnMainThread(cf.Executor):
         if name == "_inner":
             raise AttributeError(name)
         return getattr(self._inner, name)
+
+
+class _OnDaskThreads(_OnMainThread):
+    """``main_thread=False``: the tasks run on Dask's threads, as the client's own executor runs them
+    (a check accepts this wrapper, chosen knowingly, and refuses the bare executor: ``Settings``)."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        return self._inner.submit(fn, *args, **kwargs)
 
 
 _POOL: list = [None, threading.Lock()]  # this worker process's own pool, and the lock that starts it

@@ -29,23 +29,29 @@ Modes:
 
 Misbehaviour is reported, never raised: an implementation that raises, returns tokens
 outside the vocabulary, returns an empty or over-long block, does arithmetic on a lazy
-uniform, or does not return within ``time_limit`` seconds gets that status, with the case
-that caused it.
+uniform, or does not return within its per-call limit gets that status, with the case
+that caused it.  The per-call limit is ``time_limit``, or by default one derived from the calls
+measured, and then the first time-out ends the check (SPEC §13.2).  The door (:func:`_door`)
+reads the implementation's declarations once, before any case: an attribute whose reading
+raises is a SpecrefError naming it.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from functools import partial
 
 from specref.core.errors import SpecrefError, SpecrefTypeError
 from specref.verification.cases.chain import Case, default_cases, fixed_cases, strategy_cases
-from specref.verification.cases.rules import rules_of
+from specref.verification.cases.rules import RulesReport, rules_of
 from specref.verification.laws.enumeration import compare
 from specref.verification.levels import LEVELS, level_named, register
 from specref.verification.levels.chain.programs import run_programs
-from specref.verification.running.calling import can_isolate, cuda_started, guarded
+from specref.verification.levels.runner import not_run, one_check
+from specref.verification.running.calling import (CALL_MARGIN, FIRST_CALL_LIMIT, can_isolate, cuda_started, describe,
+                                                  guarded, short_repr)
 from specref.verification.running.level import CasePlan, Level, Option
 from specref.verification.running.report import (ARITHMETIC, BUDGET, CRASHED, INTERNAL, INVALID, RAISED, RNG_MISUSE,
                                                  TIMEOUT, WRITES, CaseResult, Report, Settings)
@@ -82,14 +88,19 @@ def check(level: str | Level, fn, *, cases=None, settings: Settings | None = Non
     the 0.2 way, kept for callers that hold one.
     """
     spec, settings = _configured(level_named(level), settings, keywords)
-    fn, cases = _prepared(spec, fn, cases)
-    if not cases:
-        raise SpecrefError(f"cases is empty: a check on no case proves nothing (level {spec.name!r})")
-    if settings.mode == "statistical":
-        check_travel(settings.executor, fn)  # before any case runs: a usage error, not the implementation's
-    if settings.case_time_limit is None:  # from the plan (Settings' docstring)
-        settings = replace(settings, case_time_limit=_planned_case_time(spec, fn, cases, settings))
-    return spec.run(spec, fn, cases, settings)
+    with _attribute_reads(fn):
+        fn, cases = _prepared(spec, fn, cases)
+        if not cases:
+            raise SpecrefError(f"cases is empty: a check on no case proves nothing (level {spec.name!r})")
+        if settings.mode == "statistical":
+            check_travel(settings.executor, fn)  # before any case runs: a usage error, not the implementation's
+        with one_check():  # under the default time rule the first time-out ends the check (SPEC §13.2)
+            if settings.case_time_limit is None:  # from the plan (Settings' docstring)
+                limit, hung = _planned_case_time(spec, fn, cases, settings)
+                if hung is not None:
+                    return _unanswered(spec, fn, cases, settings, *hung)
+                settings = replace(settings, case_time_limit=limit)
+            return spec.run(spec, fn, cases, settings)
 
 
 def declared(level: str | Level, fn, **options):
@@ -106,24 +117,86 @@ def _configured(spec: Level, settings: Settings | None, keywords: dict) -> tuple
     own = {k: v for k, v in given.items() if k in spec.option_names()}
     unknown = sorted(k for k, v in given.items() if k not in own and not (v is None and _holders(k)))
     if unknown:
-        raise _not_an_option(spec, unknown)
+        raise _not_an_option(spec, unknown, {k: given[k] for k in unknown})
     if settings is not None and not isinstance(settings, Settings):
         raise SpecrefTypeError(f"settings must be a Settings, got {settings!r:.80}")
     fields_ = {k: v for k, v in keywords.items() if k in _SETTINGS}
     return spec.with_options(**own), replace(settings or Settings(), **fields_)
 
 
+DECLARATIONS = ("specref_batch", "specref_rules", "specref_ties", "specref_isolate", "__name__", "__qualname__",
+                "__wrapped__", "__dict__")
+"""The implementation's attributes that the oracle and its levels read (its declarations, and what a
+wrapper copies): read once at the door, before any case (SPEC §13.2)."""
+
+
 def _prepared(spec: Level, fn, cases) -> tuple:
     """``fn`` with the level's chosen options declared, checked against the options it declares
-    itself (an attribute such as ``specref_rules``), and the cases (the level's, or those given)."""
-    if not callable(fn):
-        raise SpecrefTypeError(f"the implementation ({spec.signature.split('(')[0]}, {spec.name} level) must be "
-                               f"callable, got {fn!r:.80}")
+    itself (an attribute such as ``specref_rules``), and the cases (the level's, or those given;
+    each with a name where the level has no ``validate`` of its own to say what a case is).  Every
+    attribute the oracle reads of ``fn`` is read first (:func:`_door`)."""
+    _door(spec, fn)
     fn, cases = spec.prepared(fn, cases)
     for opt in {id(o): o for lv in LEVELS.values() for o in lv.options}.values():
         if opt.declared is not None and opt.declared(fn) is not None and opt not in spec.options:
-            raise _not_an_option(spec, [opt.name])
+            raise _not_an_option(spec, [opt.name], {opt.name: opt.declared(fn)})
+    for i, case in enumerate(cases if spec.validate is None else ()):  # a level's validate names its own cases
+        if not isinstance(getattr(case, "name", None), str):
+            raise SpecrefError(f"case {i} of the {spec.name} level, {short_repr(case, 80)}, is not a case: cases are "
+                               f"plain data with a str name (the level's own cases, or a counterexample of a report)")
     return fn, cases
+
+
+def _door(spec: Level, fn) -> None:
+    """SpecrefError unless ``fn`` is callable, reading each of its :data:`DECLARATIONS` returns or
+    raises AttributeError (absent), and what a specref declaration wraps (``declare_batch``'s and
+    ``declare_rules``' ``fn``, ``functools.wraps``' ``__wrapped__``) is callable too."""
+    if not callable(fn):
+        raise SpecrefTypeError(f"the implementation ({spec.signature.split('(')[0]}, {spec.name} level) must be "
+                               f"callable, got {short_repr(fn, 80)}")
+    seen: set[int] = set()
+    inner = fn
+    while inner is not None and id(inner) not in seen and len(seen) < 16:  # a chain that makes new links ends
+        seen.add(id(inner))
+        for name in DECLARATIONS:
+            try:
+                getattr(inner, name, None)
+            except (Exception, SystemExit, GeneratorExit) as e:  # noqa: BLE001 - named, not raised
+                raise _unreadable(f"attribute {name!r}", e) from None
+        own = type(inner).__module__.startswith("specref.")  # declare_batch, declare_rules: the call goes to .fn
+        wrapped = getattr(inner, "__dict__", {}).get("fn") if own else None
+        wrapped = getattr(inner, "__wrapped__", None) if wrapped is None else wrapped
+        if wrapped is not None and not callable(wrapped):
+            raise SpecrefTypeError(f"the implementation {short_repr(inner, 60)} declares a non-callable: it wraps "
+                                   f"{short_repr(wrapped, 80)}")
+        inner = wrapped
+
+
+def _unreadable(what: str, e: BaseException) -> SpecrefError:
+    """The error for an attribute of the implementation whose reading raised ``e``."""
+    return SpecrefError(f"reading the implementation's {what} raised {describe(e)}: the oracle reads its "
+                        f"declarations ({', '.join(DECLARATIONS[:4])}) before any case, and an attribute that is not "
+                        f"there must raise AttributeError (SPEC 13.2)")
+
+
+@contextmanager
+def _attribute_reads(fn):
+    """An exception out of ``fn``'s own ``__getattr__`` or ``__getattribute__`` anywhere in the block
+    (a declaration read again later, after the door read each once) is a SpecrefError naming it."""
+    hooks = {getattr(getattr(type(fn), h, None), "__code__", None) for h in ("__getattr__", "__getattribute__")}
+    hooks.discard(None)
+    try:
+        yield
+    except SpecrefError:
+        raise
+    except Exception as e:
+        tb, there = e.__traceback__, False
+        while tb is not None:
+            there = there or tb.tb_frame.f_code in hooks
+            tb = tb.tb_next
+        if not there:
+            raise
+        raise _unreadable("attribute read during the check", e) from None
 
 
 def _holders(name: str) -> list[tuple[Option, list[str]]]:
@@ -136,8 +209,9 @@ def _holders(name: str) -> list[tuple[Option, list[str]]]:
     return list(found.values())
 
 
-def _not_an_option(spec: Level, names: list[str]) -> SpecrefError:
-    """The error for keywords ``names`` that ``spec`` does not take: where each applies, and what ``spec`` takes."""
+def _not_an_option(spec: Level, names: list[str], values: dict | None = None) -> SpecrefError:
+    """The error for keywords ``names`` (given ``values``) that ``spec`` does not take: each with its
+    value, where each applies, and what ``spec`` takes."""
     where = []
     for name in names:
         for opt, levels in _holders(name):
@@ -145,8 +219,9 @@ def _not_an_option(spec: Level, names: list[str]) -> SpecrefError:
             where.append(f"{opt.phrase or opt.name + ' applies'} at the {listed} level{'s' if len(levels) > 1 else ''}")
     said = f"{where[0]}, not {spec.name!r}" + (f" ({'; '.join(where[1:])})" if len(where) > 1 else "") if where else (
         f"unknown keyword(s) {names} at the {spec.name!r} level")
-    return SpecrefError(f"{said}; the {spec.name} level takes the Settings fields {list(_SETTINGS)} and its own "
-                        f"options {spec.option_names() or 'none'}")
+    got = ", ".join(f"{k}={short_repr(v, 60)}" for k, v in (values or {}).items())
+    return SpecrefError(f"{said}{f' (got {got})' if got else ''}; the {spec.name} level takes the Settings fields "
+                        f"{list(_SETTINGS)} and its own options {spec.option_names() or 'none'}")
 
 
 # ---------------------------------------------------------------- the 0.2 shorthands: check(level, fn, **keywords)
@@ -231,14 +306,42 @@ def plan_rows(spec: Level, fn, cases, settings: Settings, *, calls: int, isolate
     if settings.mode == "exact" and not spec.exact:
         raise SpecrefError(f"the {spec.name} level is statistical only (no exact mode): plan it with "
                            f"mode='statistical', got mode='exact'")
-    return [_plan_case(spec, fn, case, settings, settings.seed + i, calls, isolate) for i, case in enumerate(cases)]
+    rows: list[PlanRow] = []
+    hung = None  # under the default time rule the first time-out ends the plan, as it ends a check
+    for i, case in enumerate(cases):
+        if hung is not None:
+            rows.append(PlanRow(case.name, None, None, None, None, note=f"not timed: the calls of case {hung!r} timed "
+                                                                       f"out (time_limit=None: the first time-out ends "
+                                                                       f"a plan, SPEC 13.2)"))
+            continue
+        rows.append(_plan_case(spec, fn, case, settings, settings.seed + i, calls, isolate))
+        if settings.time_limit is None and _timed_out(rows[-1]):
+            hung = case.name
+    return rows
+
+
+def _note(status: str, detail: str) -> str:
+    """A row's note on its timed calls' misbehaviour: cut to 80 characters, a time-out's whole (its
+    limit and how it was derived are the check's answer when the plan ends it)."""
+    return f"{status}: {detail if status == TIMEOUT else detail[:80]}"
+
+
+def _timed_out(row: PlanRow) -> bool:
+    """Whether a row's timed calls timed out (its note then begins with the status)."""
+    return row.note.startswith(f"{TIMEOUT}: ")
+
+
+def _per_call_bound(settings: Settings) -> float:
+    """What a plan's guard allows per timed call: ``time_limit``, or under the derived rule the
+    first call's limit times the margin (a generous bound: each call is held to its own limit)."""
+    return settings.time_limit if settings.time_limit is not None else FIRST_CALL_LIMIT * CALL_MARGIN
 
 
 def _plan_case(spec: Level, fn, case, settings: Settings, seed: int, calls: int, isolate: bool) -> PlanRow:
     """One case's row: the level's plan of N and its calls (:class:`CasePlan`), its calls timed in a
     guarded body; where the level does not plan the mode itself, the fallback (:func:`_fallback_row`)."""
     guard = partial(guarded, isolate=isolate, time_limit=settings.time_limit,
-                    case_time_limit=(settings.case_time_limit or CASE_TIME_FLOOR) + (calls + 2) * settings.time_limit)
+                    case_time_limit=(settings.case_time_limit or CASE_TIME_FLOOR) + (calls + 2) * _per_call_bound(settings))
     budget_s = settings.budget_s if settings.mode == "statistical" and not settings.samples else None
     budgeted = budget_s is not None
     planner = spec.exact_planner if settings.mode == "exact" else spec.planner
@@ -255,7 +358,7 @@ def _plan_case(spec: Level, fn, case, settings: Settings, seed: int, calls: int,
                        calls=planned.calls)
     status, value = guard(partial(_timed, planned.timer, calls))
     if status != "result":
-        return PlanRow(case.name, planned.outcomes, planned.n, None, None, note=f"{status}: {value[:80]}",
+        return PlanRow(case.name, planned.outcomes, planned.n, None, None, note=_note(status, value),
                        batch=planned.per_call, calls=planned.calls)
     first, warm = value
     eta = float(budget_s) if budget_s is not None else first + (planned.calls - 1) * warm
@@ -296,7 +399,7 @@ def _fallback_row(spec: Level, fn, case, settings: Settings, seed: int, calls: i
                 f"planner)")
     status, value = guard(partial(_level_timings, spec, fn, reference, case, replace(settings, seed=seed), calls))
     if status != "result":
-        return PlanRow(case.name, None, None, None, None, note=f"{status}: {value[:80]}")
+        return PlanRow(case.name, None, None, None, None, note=_note(status, value))
     counted, counted_why, first, warm, bad = value
     if reference is not None:
         n = counted
@@ -358,7 +461,7 @@ def _pilot(spec: Level, fn, case, settings: Settings, calls: int) -> tuple:
     the start of one call to the next (the level's work between calls included) -- or
     ``(None, None, "status: detail")`` when the implementation misbehaved first."""
     timed = _Timed(fn, calls + 2)
-    limit = CASE_TIME_FLOOR + (calls + 2) * settings.time_limit
+    limit = CASE_TIME_FLOOR + (calls + 2) * _per_call_bound(settings)
     result = spec.run(spec, timed, [case], _quiet(settings, case_time_limit=limit)).results[0]
     s = timed.starts
     warm: float | None
@@ -387,16 +490,34 @@ def _counted(spec: Level, reference, case, settings: Settings) -> tuple:
     return count[0], None
 
 
-def _planned_case_time(spec: Level, fn, cases, settings: Settings) -> float:
-    """``check``'s ``case_time_limit`` when it is None (``Settings``' docstring): the floor in exact
-    mode; in statistical mode the largest of the cases' plan limits (:data:`PLAN_CALLS` warm calls
-    timed per case in a forked worker), the cap where no worker can be forked."""
-    if settings.mode == "exact":
-        return CASE_TIME_FLOOR
-    if not can_isolate() or cuda_started():
-        return CASE_TIME_CAP
+def _planned_case_time(spec: Level, fn, cases, settings: Settings) -> tuple:
+    """``(case_time_limit, None)`` for ``check`` when it is None (``Settings``' docstring): the cap in
+    exact mode (no ETA without running the enumeration); in statistical mode the largest of the
+    cases' plan limits (:data:`PLAN_CALLS` warm calls timed per case in a forked worker), the cap
+    where no worker can be forked.  ``(None, (i, note))`` when, under the default time rule, case
+    ``i``'s timed calls timed out: the check ends there (:func:`_unanswered`)."""
+    if settings.mode == "exact" or not can_isolate() or cuda_started():
+        return CASE_TIME_CAP, None
     try:
         rows = plan_rows(spec, fn, cases, settings, calls=PLAN_CALLS, isolate=True)
     except Exception:  # noqa: BLE001 - a malformed case: the level's validation names it when the check runs
-        return CASE_TIME_FLOOR
-    return max(row.case_time_limit for row in rows)
+        return CASE_TIME_FLOOR, None
+    for i, row in enumerate(rows):
+        if settings.time_limit is None and _timed_out(row):
+            return None, (i, row.note)
+    return max(row.case_time_limit for row in rows), None
+
+
+def _unanswered(spec: Level, fn, cases, settings: Settings, i: int, note: str) -> Report:
+    """The report of a check that ended in its plan (SPEC §13.2): case ``i``'s calls, timed before any
+    case ran, timed out; no other case is run."""
+    for case in cases:  # a malformed case is still a usage error
+        if spec.validate is not None:
+            spec.validate(spec, case, settings)
+    where = f"case {cases[i].name!r}"
+    detail = f"its first calls, timed to plan the check before any case ran: {note.partition(': ')[2]}"
+    report = Report(level=spec.name, mode=settings.mode,
+                    results=[CaseResult(c, TIMEOUT, detail=detail) if j == i else not_run(c, where)
+                             for j, c in enumerate(cases)])
+    rules = rules_of(fn)
+    return report if rules is None else RulesReport.of(report, rules)

@@ -55,13 +55,15 @@ from pathlib import Path
 from specref.core.errors import SpecrefError, SpecrefTypeError, check_positive_int
 from specref.verification.cases.rules import RulesReport, rules_of
 from specref.verification.levels import level_named
+from specref.verification.levels.runner import not_run
 from specref.verification.oracle import CASE_TIME_CAP, CASE_TIME_FACTOR, PlanRow, plan_rows
-from specref.verification.running.report import CaseResult, Report, Settings
+from specref.verification.running.report import TIMEOUT, CaseResult, Report, Settings
 from specref.verification.statistics.counts import PLAN_POWER
 
 __all__ = ["PlanRow", "plan", "run_each", "CASE_TIME_CAP", "CASE_TIME_FACTOR"]
 
 _SETTINGS = {f.name for f in fields(Settings)}
+MAX_PLAN_CALLS = 10_000  # warm calls a plan times per case: a few are enough for an ETA
 
 
 def plan(level, fn, cases=None, *, settings: Settings | None = None, calls: int = 5, file=None,
@@ -84,6 +86,12 @@ def plan(level, fn, cases=None, *, settings: Settings | None = None, calls: int 
     if not callable(fn):
         raise SpecrefTypeError(f"fn (the implementation to plan for) must be callable, got {fn!r:.80}")
     calls = check_positive_int("calls", calls)
+    if calls > MAX_PLAN_CALLS:
+        raise SpecrefError(f"calls (warm calls timed per case) must be at most {MAX_PLAN_CALLS:,}, got {calls!r:.80}")
+    if not isinstance(quiet, bool):
+        raise SpecrefTypeError(f"quiet must be True or False, got {quiet!r:.80}")
+    if file is not None and not callable(getattr(file, "write", None)):
+        raise SpecrefTypeError(f"file must be a text stream with write (or None: stdout), got {file!r:.80}")
     spec, settings = _configured(spec, settings, {"mode": "statistical", **keywords})
     fn, cases = _prepared(spec, fn, cases)
     if not cases:
@@ -137,7 +145,9 @@ def run_each(level, fn, cases=None, *, settings: Settings | None = None, on_case
     again.  A long statistical campaign runs an implementation with its own randomness: its cases
     are isolated (forked workers) unless ``isolate`` is set, at every level.  Without a
     ``case_time_limit`` (None, the default), each case gets its own plan's
-    (:attr:`PlanRow.case_time_limit`), at every level.  ``keywords`` are :func:`~specref.verification.oracle.check`'s."""
+    (:attr:`PlanRow.case_time_limit`), at every level.  Under the default time rule (``time_limit``
+    None) the first time-out ends the run: the later cases are ``not run`` and not written, so a run
+    on the same file runs them (SPEC §15).  ``keywords`` are :func:`~specref.verification.oracle.check`'s."""
     from specref.verification.oracle import _configured, _prepared, check  # check: looked up at each call
 
     options = {k: v for k, v in keywords.items() if k not in _SETTINGS}
@@ -149,21 +159,23 @@ def run_each(level, fn, cases=None, *, settings: Settings | None = None, on_case
     if not cases:
         raise SpecrefError("cases is empty: a check on no case proves nothing")
     done = {} if json_lines is None else _finished(json_lines, cases, level, settings)
-    limits = [settings.case_time_limit] * len(cases)
-    todo = [i for i in range(len(cases)) if i not in done]
-    if todo and settings.case_time_limit is None:
-        planned = plan(spec, fn, [cases[i] for i in todo], settings=settings, quiet=True, mode=settings.mode, **options)
-        for i, row in zip(todo, planned):
-            limits[i] = row.case_time_limit
-    results, head = [], None
+    limits, hung = _planned_limits(spec, fn, cases, [i for i in range(len(cases)) if i not in done], settings, options)
+    results, head, ended = [], None, None
     for i, case in enumerate(cases):
         if i in done:
             results.append(done[i])
             continue
-        report = check(spec, fn, cases=[case], settings=replace(settings, seed=settings.seed + i,
-                                                                  case_time_limit=limits[i]))
+        if ended is not None:  # not written: a run on the same file runs it
+            results.append(not_run(case, ended))
+            continue
+        report = (Report(level=level, mode=settings.mode, results=[
+            CaseResult(case, TIMEOUT, detail=f"its first calls, timed to plan the case: {hung[i].partition(': ')[2]}")])
+            if i in hung else check(spec, fn, cases=[case], settings=replace(settings, seed=settings.seed + i,
+                                                                                case_time_limit=limits[i])))
         head = head or report
         results.append(report.results[0])
+        if settings.time_limit is None and results[-1].status == TIMEOUT:  # the first time-out ends the run
+            ended = f"case {case.name!r}"
         if on_case is not None:
             on_case(i, results[-1])
         if json_lines is not None:
@@ -176,6 +188,22 @@ def run_each(level, fn, cases=None, *, settings: Settings | None = None, on_case
         head = head if rules_of(declared) is None else RulesReport.of(head, rules_of(declared))
     head.results = results
     return head
+
+
+def _planned_limits(spec, fn, cases, todo, settings: Settings, options) -> tuple[list, dict]:
+    """Each case's ``case_time_limit`` (the given one, or its plan's), and ``{i: note}`` of the first
+    case in ``todo`` whose planned calls timed out under the default time rule (the run ends there)."""
+    from specref.verification.oracle import _timed_out
+
+    limits: list = [settings.case_time_limit] * len(cases)
+    hung: dict[int, str] = {}
+    if todo and settings.case_time_limit is None:
+        planned = plan(spec, fn, [cases[i] for i in todo], settings=settings, quiet=True, mode=settings.mode, **options)
+        for i, row in zip(todo, planned):
+            limits[i] = row.case_time_limit
+            if settings.time_limit is None and _timed_out(row) and not hung:
+                hung[i] = row.note
+    return limits, hung
 
 
 def _finished(path, cases, level: str, settings: Settings) -> dict:

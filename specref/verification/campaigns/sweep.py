@@ -37,7 +37,7 @@ from specref.core.errors import SpecrefError
 from specref.verification.levels import LEVELS
 from specref.verification.oracle import check
 from specref.verification.running.calling import load_implementation
-from specref.verification.running.report import Settings
+from specref.verification.running.report import TIMEOUT, Settings
 
 __all__ = ["load_sweep", "run_sweep", "cells", "sweep_table"]
 
@@ -153,7 +153,9 @@ def run_sweep(spec: dict, *, out=None, executor=None, progress: bool = True, on_
     """Run every cell not yet in the record at ``out``; returns the record (``{"sweep", "cells"}``).
 
     ``isolate``: each cell's case in a forked worker (the default; an ``isolate`` in the sweep's
-    settings or grid wins)."""
+    settings or grid wins).  Under the default time rule (``time_limit`` None) the first time-out
+    ends the sweep: the cells after it are not run, nor recorded, so a run on the same ``out``
+    runs them (SPEC §15)."""
     if not isinstance(isolate, bool):
         raise SpecrefError(f"isolate must be True or False, got {isolate!r}")
     spec = validate(spec)
@@ -178,6 +180,8 @@ def run_sweep(spec: dict, *, out=None, executor=None, progress: bool = True, on_
         record.save()
         if on_cell:
             on_cell(entry["result"])
+        if r.status == TIMEOUT and settings.time_limit is None:
+            break
     return record.data
 
 
@@ -192,4 +196,8 @@ def sweep_table(record: dict) -> str:
         p = "-" if r["p_value"] is None else f"{r['p_value']:.2g}"
         lines.append(f"{r['case']:<24} " + " ".join(f"{str(r[k]):>10}" for k in keys)
                      + f" {r['status']:<16} {tv:>10} {str(r['n_samples'] or '-'):>9} {p:>9}")
+    missing = len(cells(record["sweep"])) - len(rows)
+    if missing:
+        lines.append(f"{missing} cell(s) not run: the sweep ended at its first time-out (time_limit None, SPEC 15); "
+                     f"run it again on the same record to run them")
     return "\n".join(lines)

@@ -4,7 +4,8 @@ A level supplies only what is its own: how to validate a case, the body that jud
 in exact mode, the body that judges it in statistical mode (given its seed), and optionally a
 re-check of a case that differs.  :func:`run_cases` does the rest, the same way for every level:
 validation of every case before any runs, isolation (a forked worker with a hard deadline,
-``Settings.isolate``), the per-call and per-case time limits, seeds ``settings.seed + i``, the
+``Settings.isolate``), the per-call and per-case time limits (under the default time rule the
+first time-out ends the check, :func:`one_check`), seeds ``settings.seed + i``, the
 state check (``Settings.state_check``, by default in exact mode: :func:`second_order`) and the
 :class:`~specref.verification.running.report.Report`.
 
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from fractions import Fraction
 from typing import Any, Callable
 
@@ -38,12 +41,12 @@ from specref.core.errors import SpecrefError
 from specref.verification.running.calling import Misbehaved, cuda_started, run_case
 from specref.verification.running.level import CasePlan
 from specref.verification.running.progress import progress_bar
-from specref.verification.running.report import (DIFFERS, INTERNAL, OK, STATEFUL, TIMEOUT, CaseResult, Report, Settings,
-                                                 law_verdict)
+from specref.verification.running.report import (DIFFERS, INTERNAL, NOT_RUN, OK, STATEFUL, TIMEOUT, CaseResult, Report,
+                                                 Settings, law_verdict)
 from specref.verification.statistics.counts import PLAN_POWER, compare_counts, detectable_tv, planned_n
 from specref.verification.statistics.shards import tally, timed_calls
 
-__all__ = ["run_cases", "isolated", "exact_verdict", "sampled_verdict", "target_null", "program_plan", "samples_in_budget", "shape_key",
+__all__ = ["run_cases", "isolated", "one_check", "not_run", "exact_verdict", "sampled_verdict", "target_null", "program_plan", "samples_in_budget", "shape_key",
            "second_order", "PILOT", "ORDER_TRIES"]
 
 PILOT = 16  # samples in the timed pilot of a budgeted check (Settings.budget_s)
@@ -53,20 +56,44 @@ ORDER_TRIES = 64  # seeded shuffles tried for the state check's second order (th
 
 
 _UNKNOWN = object()  # run_cases was not told the implementation
+# The case whose time-out ended the check in progress (SPEC §13.2), shared by all its run_cases calls (one_check)
+_ENDED: ContextVar[list | None] = ContextVar("specref_check_ended", default=None)
+
+
+@contextmanager
+def one_check():
+    """Within the block every :func:`run_cases` call belongs to one check: under the default time rule
+    (``time_limit=None``) the first time-out among them ends the check, and the cases after it, in
+    any of the calls, are ``not run`` (the mrv2 level runs each case through a call of its own).
+    Outside such a block each :func:`run_cases` call is a check of its own."""
+    token = _ENDED.set([None])
+    try:
+        yield
+    finally:
+        _ENDED.reset(token)
+
+
+def not_run(case, where: str) -> CaseResult:
+    """The verdict on a case that a time-out before it kept from running (SPEC §13.2)."""
+    return CaseResult(case, NOT_RUN, detail=f"not run: the check ended at the time-out of {where} (time_limit=None: "
+                                            f"the first time-out ends a check, SPEC 13.2; give time_limit to run "
+                                            f"every case)")
 
 
 def isolated(settings: Settings, fn=_UNKNOWN) -> bool:
     """Whether a case runs in a forked worker: ``settings.isolate`` when set; by default (None) in
-    statistical mode, when the runner knows the implementation ``fn`` and it does not declare
-    ``specref_isolate = False``, and this process has not started CUDA (a forked worker could not
-    use it).  A statistical check on an executor is the one exception: its shards run in processes
-    of the executor's own, which the fork cannot hold."""
+    both modes (SPEC §13.2: only a worker's hard deadline stops an implementation that swallows the
+    time-out), unless the implementation ``fn`` declares ``specref_isolate = False`` or this process
+    has started CUDA (a forked worker could not use it).  A statistical check on an executor is the
+    one exception: its shards run in processes of the executor's own, which the fork cannot hold."""
     if settings.mode == "statistical" and settings.executor is not None:
         return False
     if settings.isolate is not None:
         return settings.isolate
-    if settings.mode != "statistical" or fn is _UNKNOWN or cuda_started():
+    if cuda_started():
         return False
+    if fn is _UNKNOWN:  # a level that keeps its implementation to itself: nothing declared to read
+        return True
     try:
         declared = getattr(fn, "specref_isolate", True)
     except Exception:  # noqa: BLE001 - a hostile __getattr__: isolate
@@ -93,15 +120,22 @@ def run_cases(level, cases, settings: Settings, *, validate: Callable, exact: Ca
     report = Report(level=level.name, mode=settings.mode)
     isolate = isolated(settings, fn)
     store = settings.shard_store if settings.mode == "statistical" else None
-    bodies = []
+    ended = _ENDED.get() or [None]  # outside one_check: this call is the check
+    bodies: list = []
     for i, case in enumerate(cases):
+        if ended[0] is not None:
+            bodies.append(None)
+            report.results.append(not_run(case, ended[0]))
+            continue
         body = exact(case) if settings.mode == "exact" else statistical(case, settings.seed + i)
         bodies.append(body)
         result = run_case(body, case, isolate=isolate, time_limit=settings.time_limit,
                           case_time_limit=_case_time_limit(settings), store=store)
         report.results.append(result if recheck is None else recheck(case, result))
-    if settings.checks_state:
-        _check_state(report.results, cases, bodies, settings, isolate=isolate, recheck=recheck)
+        if result.status == TIMEOUT and settings.time_limit is None:
+            ended[0] = f"case {getattr(case, 'name', i)!r}"
+    if settings.checks_state and ended[0] is None:
+        _check_state(report.results, cases, bodies, settings, isolate=isolate, recheck=recheck, ended=ended)
     for result in report.results:
         result.law = None  # kept only for the state check: reports stay small
     return report
@@ -193,9 +227,10 @@ def _predecessors(order, start) -> list:
     return [(order[-1] if start is None else start)] + order[:-1]
 
 
-def _check_state(results, cases, bodies, settings: Settings, *, isolate: bool, recheck=None):
+def _check_state(results, cases, bodies, settings: Settings, *, isolate: bool, recheck=None, ended=None):
     """Judge each passed case again in :func:`second_order`; ``results[i]`` becomes ``stateful``
-    when the verdict or the law changed, or the second run's time-out or internal error."""
+    when the verdict or the law changed, or the second run's time-out or internal error (under the
+    default time rule a time-out ends the check: no second run after it)."""
     n = len(cases)
     passed = [i for i, r in enumerate(results) if r.status == OK]  # a case that failed has its verdict
     if settings.state_check is None:  # the default: where state between cases of one shape can show
@@ -215,6 +250,9 @@ def _check_state(results, cases, bodies, settings: Settings, *, isolate: bool, r
             again = recheck(cases[i], again)
         runs = (_run_name(cases, i, before, isolate), _run_name(cases, i, first[i], isolate))
         results[i] = _judged_twice(results[i], again, runs, settings.tolerance)
+        if again.status == TIMEOUT and settings.time_limit is None and ended is not None:
+            ended[0] = f"the state check's second run of {_run_name(cases, i, before, isolate)}"
+            break
 
 
 def _after(before: Callable, body: Callable) -> Callable:

@@ -9,8 +9,8 @@ or never ends is turned into a :class:`Misbehaved` (a status of
 
 Two ways to run a case (:func:`run_case`):
 
-- **isolated** (``Settings(isolate=True)``; the CLI's default, and the API's in statistical
-  mode, ``Settings.isolate``): the whole case -- the enumeration of every path in exact
+- **isolated** (``Settings(isolate=True)``; the default of the CLI and of the API in both modes,
+  ``Settings.isolate``): the whole case -- the enumeration of every path in exact
   mode, or the N samples in statistical mode -- runs in a worker process forked for that case.  The parent watches a hard
   deadline: each call must end within ``time_limit`` and the case within
   ``case_time_limit``, or the worker is killed (SIGKILL).  An implementation that
@@ -19,11 +19,15 @@ Two ways to run a case (:func:`run_case`):
   stop or fool the oracle: the case gets the status ``timeout`` or ``crashed``.
   The worker sends back only the case's verdict.  Needs the ``fork`` start method
   (Linux, macOS); without it cases run in-process.
-- **in-process** (``Settings(isolate=False)``; the API's default in exact mode, where
-  enumeration makes thousands of calls): the same conversions, with a SIGALRM time
-  limit on the main thread.  It cannot stop an implementation that blocks signals,
-  catches the time-out, or hangs in C code, and ``os._exit``, a segfault or an abort
-  end the whole process.
+- **in-process** (``Settings(isolate=False)``; an implementation that declares
+  ``specref_isolate = False``, or a process that has started CUDA): the same conversions, with a
+  SIGALRM time limit on the main thread.  It cannot stop an implementation that blocks signals,
+  catches the time-out in a retry loop, or hangs in C code (a call that caught the time-out and
+  returned later is still ``timeout``), and ``os._exit``, a segfault or an abort end the whole
+  process.
+
+The per-call limit is ``time_limit`` seconds, or with ``time_limit=None`` (the default) derived from
+the calls measured in the case in progress (:func:`derived_time_limit`, SPEC §13.2).
 
 Isolation costs one ``fork`` per case, not per call: about 4-10 ms for the fork and the
 pipe, and 5-20 ms per case in all (pages copied on write), against cases of 10 ms to
@@ -77,10 +81,17 @@ from specref.verification.running.report import (
 
 __all__ = ["Misbehaved", "call", "checked_tokens", "foreign", "run_case", "guarded", "can_isolate", "cuda_started",
            "describe", "short_repr",
-           "load_implementation", "DETAIL_LIMIT", "IMPORT_TIME_LIMIT"]
+           "load_implementation", "DETAIL_LIMIT", "IMPORT_TIME_LIMIT", "derived_time_limit", "FIRST_CALL_LIMIT",
+           "CALL_FLOOR", "CALL_MARGIN"]
 
 DETAIL_LIMIT = 1_000_000  # characters kept of one misbehaviour's detail (a report's table shows less)
 IMPORT_TIME_LIMIT = 300.0  # seconds an implementation's module may take to import (load_implementation)
+
+# The per-call limit under time_limit=None (SPEC §13.2), from the calls measured in the case in progress:
+FIRST_CALL_LIMIT = 45.0  # a case's calls until one returned: warm-up (imports, compilation) on a loaded machine;
+#                          a never-returning implementation is answered in this plus the set-up, under 60 s
+CALL_FLOOR = 10.0  # later calls: at least this (a fast implementation's hang is answered in 10 s) ...
+CALL_MARGIN = 4.0  # ... and this many times the slowest call returned before them (load moves call times ~3x)
 
 
 class Misbehaved(Exception):
@@ -125,6 +136,28 @@ _shared_deadline = None
 _case_end = [math.inf]
 
 
+# The slowest call of the implementation that returned in the case (or shard) in progress here: None until one has.
+_slowest: list[float | None] = [None]
+
+
+def derived_time_limit(slowest: float | None) -> float:
+    """The per-call limit of SPEC §13.2 under ``time_limit=None``: :data:`FIRST_CALL_LIMIT` until a call
+    of the case has returned (``slowest`` None), then :data:`CALL_MARGIN` x the slowest returned call,
+    at least :data:`CALL_FLOOR`."""
+    if slowest is None:
+        return FIRST_CALL_LIMIT
+    return max(CALL_FLOOR, CALL_MARGIN * slowest)
+
+
+def _limit_text(time_limit, seconds) -> str:
+    """How a per-call limit of ``seconds`` came about, for a time-out's detail."""
+    if time_limit is not None:
+        return f"time_limit = {time_limit} s"
+    return (f"{seconds:.3g} s, the time_limit derived from the calls measured (time_limit=None: a case's first "
+            f"call {FIRST_CALL_LIMIT:g} s, later calls {CALL_MARGIN:g} x the slowest before them, at least "
+            f"{CALL_FLOOR:g} s; SPEC 13.2)")
+
+
 def case_time_left() -> float:
     """Seconds left of the case in progress here (inf outside a case)."""
     return _case_end[0] - time.monotonic()
@@ -133,13 +166,14 @@ def case_time_left() -> float:
 @contextmanager
 def case_budget(seconds: float):
     """Within the block, the case in progress has ``seconds`` left: a shard that runs in
-    another process carries its case's budget with it (time is measured where it runs)."""
-    previous = _case_end[0]
-    _case_end[0] = time.monotonic() + seconds
+    another process carries its case's budget with it (time is measured where it runs).  The
+    block's calls are measured afresh for the derived per-call limit (:func:`derived_time_limit`)."""
+    previous, slowest = _case_end[0], _slowest[0]
+    _case_end[0], _slowest[0] = time.monotonic() + seconds, None
     try:
         yield
     finally:
-        _case_end[0] = previous
+        _case_end[0], _slowest[0] = previous, slowest
 
 
 _spent = [0.0]  # seconds spent inside implementations' calls in this process (implementation_seconds)
@@ -152,7 +186,8 @@ def implementation_seconds() -> float:
 
 
 def call(fn, args, kwargs, time_limit, convert=None, *, read_only: bool = False):
-    """Run ``fn(*args, **kwargs)`` and then ``convert(result)``, both within ``time_limit`` s.
+    """Run ``fn(*args, **kwargs)`` and then ``convert(result)``, both within ``time_limit`` s (None: the
+    limit derived from the calls measured so far in the case, :func:`derived_time_limit`).
 
     Every exception the implementation raises, of any class, becomes
     ``Misbehaved(RAISED)`` (``LazyUniformError``: ``ARITHMETIC``; the enumerator's "not
@@ -168,30 +203,39 @@ def call(fn, args, kwargs, time_limit, convert=None, *, read_only: bool = False)
     remaining = _case_end[0] - time.monotonic()
     if remaining <= 0:
         raise Misbehaved(TIMEOUT, "the case ran over its time budget (case_time_limit)")
-    seconds = min(time_limit, remaining)
+    limit = derived_time_limit(_slowest[0]) if time_limit is None else time_limit
+    seconds = min(limit, remaining)
 
     def body():
-        started = time.perf_counter()
+        started, stopped = time.perf_counter(), [False]
         try:
             try:
                 out = fn(*args, **kwargs)
             except _TimedOut:
+                stopped[0] = True
                 raise
             except BaseException as e:  # noqa: BLE001 - the implementation's failure, whatever its class
                 return _Raised(e)
-            return out if convert is None else _converted(convert, out)
+            try:
+                return out if convert is None else _converted(convert, out)
+            except _TimedOut:
+                stopped[0] = True
+                raise
         finally:
-            _spent[0] += time.perf_counter() - started
+            took = time.perf_counter() - started
+            _spent[0] += took
+            if not stopped[0]:  # the call ended by itself: measured (its conversion included)
+                _slowest[0] = max(_slowest[0] or 0.0, took)
 
     shared = _shared_deadline
-    if shared is not None:  # an isolated worker: the parent enforces the deadline
-        shared.value = time.monotonic() + seconds
+    if shared is not None:  # an isolated worker: the parent enforces the deadline ([end, seconds])
+        shared[1], shared[0] = seconds, time.monotonic() + seconds
         try:
             result = _guarded(body, "no result within the time limit")
         finally:
-            shared.value = 0.0
+            shared[0] = 0.0
     else:
-        why = (f"no result within time_limit = {time_limit} s" if seconds == time_limit
+        why = (f"no result within {_limit_text(time_limit, seconds)}" if seconds == limit
                else "the case ran over its time budget (case_time_limit)")
         result = _guarded(lambda: _with_time_limit(body, seconds), why)
     if isinstance(result, _Raised):
@@ -258,16 +302,22 @@ def _guarded(thunk, why):
 
 def _with_time_limit(body, seconds):
     if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+        fired = []
+
         def alarm(signum, frame):
+            fired.append(True)
             raise _TimedOut()
 
         previous = signal.signal(signal.SIGALRM, alarm)
         signal.setitimer(signal.ITIMER_REAL, seconds)
         try:
-            return body()
+            out = body()
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+        if fired:  # the implementation caught the time-out and returned later: still over its limit
+            raise _TimedOut()
+        return out
     box = {}  # off the main thread: a daemon thread that is abandoned if it hangs
 
     def target():
@@ -357,7 +407,7 @@ def cuda_started() -> bool:
         return False
 
 
-def guarded(body, *, isolate: bool, time_limit: float, case_time_limit: float, store=None) -> tuple:
+def guarded(body, *, isolate: bool, time_limit: float | None, case_time_limit: float, store=None) -> tuple:
     """``("result", body())``, or ``(status, detail)`` of its misbehaviour: the core of :func:`run_case`
     for any body (a plan's timed calls, an import).
 
@@ -370,7 +420,8 @@ def guarded(body, *, isolate: bool, time_limit: float, case_time_limit: float, s
     return _here(body, case_time_limit)
 
 
-def run_case(body, case, *, isolate: bool, time_limit: float, case_time_limit: float, store=None) -> CaseResult:
+def run_case(body, case, *, isolate: bool, time_limit: float | None, case_time_limit: float,
+             store=None) -> CaseResult:
     """``body() -> CaseResult`` for ``case``, with its misbehaviour turned into a status.
 
     ``isolate``: in a forked worker with a hard deadline (see the module docstring).
@@ -390,8 +441,8 @@ def run_case(body, case, *, isolate: bool, time_limit: float, case_time_limit: f
 
 
 def _here(body, case_time_limit):
-    previous = _case_end[0]
-    _case_end[0] = time.monotonic() + case_time_limit
+    previous, slowest = _case_end[0], _slowest[0]
+    _case_end[0], _slowest[0] = time.monotonic() + case_time_limit, None  # the case's calls measured afresh
     try:
         return "result", body()
     except Misbehaved as m:
@@ -405,7 +456,7 @@ def _here(body, case_time_limit):
     except BaseException as e:  # noqa: BLE001 - SystemExit & co. got past the guards: the oracle's bug
         return INTERNAL, f"internal error of the oracle: {describe(e)} escaped the guarded calls"
     finally:
-        _case_end[0] = previous
+        _case_end[0], _slowest[0] = previous, slowest
 
 
 def _enumeration_status(e: SpecrefError) -> str:
@@ -427,7 +478,7 @@ def _in_worker(body, time_limit, case_time_limit, store=None):
     come back with its message.
     """
     ctx = multiprocessing.get_context("fork")
-    deadline = ctx.RawValue("d", 0.0)
+    deadline = ctx.RawArray("d", 2)  # [monotonic end of the call in progress (0: none), its limit in seconds]
     receive, send = ctx.Pipe(duplex=False)
     worker = ctx.Process(target=_child, args=(body, deadline, receive, send, store), daemon=True,
                          name="specref-case")
@@ -498,9 +549,9 @@ def _watch(worker, receive, deadline, time_limit, case_time_limit):
             if receive.poll(0):
                 continue
             return None
-        now, d = time.monotonic(), deadline.value
+        now, d = time.monotonic(), deadline[0]
         if d and now > d:
-            return (TIMEOUT, f"no result within time_limit = {time_limit} s (worker killed)")
+            return (TIMEOUT, f"no result within {_limit_text(time_limit, deadline[1])} (worker killed)")
         if now > end:
             return (TIMEOUT, f"the case ran over case_time_limit = {case_time_limit} s (worker killed)")
 

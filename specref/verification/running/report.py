@@ -18,7 +18,8 @@ from fractions import Fraction
 from specref.core.errors import SpecrefError, check_positive_int
 
 __all__ = ["Settings", "CaseResult", "Report", "law_verdict", "OK", "DIFFERS", "RAISED", "INVALID", "TIMEOUT", "ARITHMETIC",
-           "CRASHED", "BUDGET", "RNG_MISUSE", "WRITES", "STATEFUL", "INTERNAL", "MAX_TOLERANCE", "TABLE_DETAIL"]
+           "CRASHED", "BUDGET", "RNG_MISUSE", "WRITES", "STATEFUL", "INTERNAL", "NOT_RUN", "MAX_TOLERANCE",
+           "TABLE_DETAIL"]
 
 OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
     "ok", "differs", "raised", "invalid output", "timeout", "lazy-uniform arithmetic",
@@ -31,6 +32,8 @@ WRITES = "writes into its inputs"  # a write into a read-only input (the batched
 # check (Settings.state_check) ran the case again after another case and got another law, or another verdict.
 STATEFUL = "stateful"
 INTERNAL = "internal error"  # the oracle's own failure (never the implementation's): the CLI exits 2
+# Under the default time rule (time_limit=None) the first time-out ends a check: the cases after it are not run.
+NOT_RUN = "not run"
 MAX_TOLERANCE = 1e-3  # exact mode: a larger tolerance could let a wrong implementation pass
 TABLE_DETAIL = 300  # characters of a detail shown in a report's table (to_json keeps it whole)
 
@@ -54,13 +57,11 @@ class Settings:
     generator, median of 3 on a shared 2-core machine): 3.7 and 4.7 s isolated against 4.2 and
     4.7 s in-process in two rounds -- no difference above the noise; at N = 32 (median of 15),
     30 ms against 10 ms: the fork costs about 20 ms per case.  ``None`` (the default): isolated
-    in statistical mode (an implementation with its own randomness: engines, other libraries),
-    in-process in exact mode -- wherever the level hands its implementation to the case runner
-    (``run_cases(fn=...)``: the step, logits, decoder, batched, draft-and-verify, engine, tree
-    and tree-batch levels); an implementation may declare ``specref_isolate = False`` to run
-    in-process under the default (``HFGenerate`` does: its records of target calls are read
-    here).  The CLI, sweeps and :func:`~specref.verification.campaigns.planning.plan` isolate
-    unless told otherwise.
+    in both modes at every level (SPEC §13.2), unless the implementation declares
+    ``specref_isolate = False`` (``HFGenerate`` does: its records of target calls are read here) or
+    this process has started CUDA (a forked worker could not use it); a statistical check on an
+    executor runs its shards in the executor's processes.  The CLI, sweeps and
+    :func:`~specref.verification.campaigns.planning.plan` isolate unless told otherwise.
 
     ``state_check``: ``True`` judges every case that passed once more, in a second, seeded
     order in which each case comes after another case than in the first (after a case of the
@@ -69,15 +70,23 @@ class Settings:
     exact mode, the cases with a partner of their shapes and one case of a lone shape (none when
     one case passed); off in statistical mode.  Not with a ``shard_store`` or an ``executor``.
 
+    ``time_limit``: seconds per call of the implementation (its output's conversion included).
+    ``None`` (the default) derives each call's limit from the calls measured in the case in progress
+    (SPEC §13.2, :func:`~specref.verification.running.calling.derived_time_limit`): 45 s until a
+    call has returned, then 4 x the slowest call so far, at least 10 s; and the first time-out
+    ends the check (the later cases are ``not run``), so a never-returning implementation is
+    answered within a minute.  A number holds every call to it, and every case runs.
+
     ``case_time_limit``: seconds per case, every call and the enumeration or sampling (each call
-    is also held to ``time_limit``).  ``None`` (the default) means "from the plan" (SPEC §13.2):
+    is also held to its per-call limit).  ``None`` (the default) means "from the plan" (SPEC §13.2):
     :func:`~specref.verification.oracle.check` sets it before any case runs -- in exact mode to
-    :data:`~specref.verification.oracle.CASE_TIME_FLOOR` (300 s); in statistical mode to the
+    :data:`~specref.verification.oracle.CASE_TIME_CAP` (24 h: an exact check counts its calls only
+    by running them, so there is no ETA to scale a limit from, and a fixed 300 s stopped correct
+    implementations of 9 s a call; hangs are the per-call limit's); in statistical mode to the
     largest of its cases' plan limits, each ``CASE_TIME_FACTOR`` (3) x the case's ETA (its planned
-    N, and its first and a few warm calls timed in a forked worker), at least the floor and at
-    most :data:`~specref.verification.oracle.CASE_TIME_CAP` (24 h); the cap where no worker can be
-    forked to time them (the per-call ``time_limit`` still stops a call that hangs).  A number is
-    used as it is.
+    N, and its first and a few warm calls timed in a forked worker), at least
+    :data:`~specref.verification.oracle.CASE_TIME_FLOOR` (300 s) and at most the cap; the cap where
+    no worker can be forked to time them.  A number is used as it is.
     """
 
     mode: str = "exact"  # "exact" (enumerate the rng) or "statistical" (rng is an int seed)
@@ -86,8 +95,8 @@ class Settings:
     alpha: float = 1e-6  # statistical mode: the G-test's level
     detect_tv: float = 0.01  # statistical mode: the TV that N is planned to detect with power 0.9
     tolerance: float = 1e-9  # exact mode: TV above this differs
-    time_limit: float = 10.0  # seconds per call of the implementation
-    isolate: bool | None = None  # each case in a forked worker with a hard deadline; None: isolated in statistical mode
+    time_limit: float | None = None  # seconds per call of the implementation; None: derived from the calls measured
+    isolate: bool | None = None  # each case in a forked worker with a hard deadline; None: isolated unless declared
     case_time_limit: float | None = None  # seconds per case (every call and the sampling or enumeration); None: from the plan
     max_paths: int = 10**6  # exact mode: enumerated paths per case (the target law's prefixes too)
     executor: object = field(default=None, compare=False)  # statistical mode: a concurrent.futures.Executor for the shards
@@ -111,15 +120,16 @@ class Settings:
                 raise SpecrefError(f"{name} must be a number in (0, {upper}), got {value!r}")
         for name in ("time_limit", "case_time_limit"):
             t = getattr(self, name)
-            if t is None and name == "case_time_limit":
-                continue  # from the plan (the docstring)
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
-                raise SpecrefError(f"{name} must be a positive finite number of seconds, got {t!r}")
+            if t is None:
+                continue  # derived from measured calls, or from the plan (the docstring)
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < _seconds(t) < math.inf:
+                raise SpecrefError(f"{name} must be a positive finite number of seconds, got {t!r:.80}")
         if self.isolate is not None and not isinstance(self.isolate, bool):
             raise SpecrefError(f"isolate must be True, False or None (isolated in statistical mode), got {self.isolate!r}")
         check_positive_int("max_paths", self.max_paths)
         if self.executor is not None and not callable(getattr(self.executor, "submit", None)):
             raise SpecrefError(f"executor must be a concurrent.futures.Executor (with submit), got {self.executor!r}")
+        _refuse_dask_threads(self.executor)
         check_positive_int("shard_blocks", self.shard_blocks)
         if not isinstance(self.progress, bool):
             raise SpecrefError(f"progress must be True or False, got {self.progress!r}")
@@ -144,6 +154,29 @@ class Settings:
     def checks_state(self) -> bool:
         """Whether the runner runs the state check: ``state_check``, by default in exact mode."""
         return self.mode == "exact" if self.state_check is None else self.state_check
+
+
+def _seconds(t) -> float:
+    """``t`` as a float of seconds; an int beyond floats (10**400) is no finite number of seconds."""
+    try:
+        return float(t)
+    except OverflowError:
+        return math.inf
+
+
+def _refuse_dask_threads(executor) -> None:
+    """SpecrefError for a Dask ``Client`` or the executor of its own ``get_executor()`` (SPEC §6.4):
+    their shards would run on Dask's worker threads, where every call's time limit needs a
+    watchdog thread (the scaling guide's measured row: 2.07x a process pool's time), and a
+    ``Client``'s futures are not ``concurrent.futures``' ones.  ``dask_executor`` (adapters)
+    runs each shard on a main thread; with ``main_thread=False`` it hands its own wrapper."""
+    module = type(executor).__module__ or ""
+    if executor is None or module.partition(".")[0] != "distributed":
+        return
+    raise SpecrefError(f"executor is a Dask {type(executor).__name__} ({module}), whose shards would run on Dask's "
+                       f"worker threads, where every call's time limit needs a watchdog thread (2.07x the time of a "
+                       f"process pool, docs/guide/scaling.md): use specref.adapters.cluster.dask_executor("
+                       f"client=client), or dask_executor('tcp://host:8786'), which runs each shard on a main thread")
 
 
 # ---------------------------------------------------------------- results
@@ -188,8 +221,9 @@ class Report:
 
     @property
     def counterexample(self):
-        """The failing case with the largest TV (errors first), or None when all pass."""
-        bad = [r for r in self.results if not r.ok]
+        """The failing case with the largest TV (errors first), or None when all pass; a case ``not run``
+        is none (it was not judged)."""
+        bad = [r for r in self.results if not r.ok and r.status != NOT_RUN]
         if not bad:
             return None
         return max(bad, key=lambda r: (r.tv is None, r.tv or 0)).case
@@ -225,12 +259,28 @@ class Report:
                         for r in self.results],
         }
 
+    @property
+    def verdict(self) -> str:
+        """The first line's verdict (SPEC §13.3): what was judged, and only that.  ``DIFFERS`` needs a
+        case that differs (its TV, not an ok case's plug-in estimate); ``FAILS`` a misbehaviour; a
+        time-out, or a case not run after one, is no verdict and is said so, never FAILS."""
+        bad = [r for r in self.results if not r.ok]
+        if not bad:
+            return "preserves the target distribution"
+        unanswered = [r for r in bad if r.status in (TIMEOUT, NOT_RUN)]
+        timed_out, not_run = sum(r.status == TIMEOUT for r in bad), sum(r.status == NOT_RUN for r in bad)
+        note = f"{timed_out} case(s) timed out" + (f", {not_run} not run after it" if not_run else "")
+        differing = [r.tv for r in bad if r.status == DIFFERS and r.tv is not None]
+        if differing:
+            head = f"DIFFERS from the target distribution (worst TV {float(max(differing)):.3g})"
+        elif len(unanswered) < len(bad):
+            head = "FAILS (see statuses)"
+        else:
+            return f"NO VERDICT: {note}, without a result to judge (see statuses)"
+        return head + (f"; {note}" if unanswered else "")
+
     def __str__(self):
-        verdict = "preserves the target distribution" if self.ok else (
-            f"DIFFERS from the target distribution (worst TV {float(self.worst_tv or 0):.3g})"
-            if self.worst_tv else "FAILS (see statuses)"
-        )
-        text = f"{self.level}-level check, {self.mode} mode: {verdict}\n{self.table()}"
+        text = f"{self.level}-level check, {self.mode} mode: {self.verdict}\n{self.table()}"
         if self.counterexample is not None:
             text += f"\ncounterexample: {self.counterexample!r}"
         return text

@@ -415,6 +415,8 @@ def parse_output(out, B, K, V, k, drafts=None, *, placeholder=PLACEHOLDER, what=
     for name, c in zip(names, counts):
         if c.dtype.kind not in "iuf":
             raise Misbehaved(INVALID, f"{what} returned {name} of dtype {c.dtype}; counts must be integers")
+        if c.dtype.kind == "f" and not (np.isfinite(c) & (c == np.round(c))).all():  # NaN, inf, 2.5: no count
+            raise Misbehaved(INVALID, f"{what} returned {name} = {c.tolist()[:8]}; counts must be whole numbers")
         want = n - 1 if name == "n_accepted" else n
         if c.shape != (B,) or (c.astype(np.int64) != want).any():
             b = 0 if c.shape != (B,) else int(np.argmax(c.astype(np.int64) != want))

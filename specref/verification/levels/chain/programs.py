@@ -422,7 +422,7 @@ class _DecoderRun(_ChainCalls):
     def _call(self, prompts, impl_rngs):
         m, form, V = len(impl_rngs), self.form, self.case.vocab_size
         args = (_fresh(self.models[0]), _fresh(self.models[1]), _handed(form, prompts))
-        return call(self.fn, args, self._kwargs(_seeds(impl_rngs)), self.time_limit,
+        return call(self.fn, args, self._kwargs(_seeds(impl_rngs)), self.time_limit, read_only=True,
                     convert=lambda out: _checked_batch(out, m, V, min_len=0, max_len=self.case.max_new_tokens,
                                                        what="decode_fn"))
 
@@ -432,7 +432,7 @@ class _DecoderRun(_ChainCalls):
         # fresh models and config for every call: what the implementation does to them stays there
         n, V = self.case.max_new_tokens, self.case.vocab_size
         out = call(self.fn, (_fresh(self.models[0]), _fresh(self.models[1]), list(self.case.prompt)),
-                   self._kwargs(impl_rng), self.time_limit,
+                   self._kwargs(impl_rng), self.time_limit, read_only=True,
                    convert=lambda out: checked_tokens(out, V, min_len=0, max_len=n, what="decode_fn"))
         return tuple(out)
 
@@ -442,9 +442,12 @@ class _DecoderRun(_ChainCalls):
 
 
 def _fresh(model):
-    """A copy of a table model with its own table (validated already: no second check)."""
+    """A copy of a table model with its own table, read-only (validated already: no second check).  A
+    decoder that writes into it gets ``writes into its inputs`` at the write (SPEC §13.3), not a law
+    that is no law because its first call saw another table."""
     twin = copy.copy(model)
     twin.table = model.table.copy()
+    twin.table.flags.writeable = False
     return twin
 
 
