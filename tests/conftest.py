@@ -8,7 +8,7 @@ after them.  Nothing is skipped, marked or shortened here: only the order change
 """
 
 FIRST = ("test_vllm_e2e.py", "test_real_engines.py", "test_mrv2_level.py", "test_vllm_sampler.py",
-         "test_openai_server.py", "test_fuzz_surfaces.py", "test_docs.py", "test_fuzz.py", "test_mutants.py",
+         "test_openai_server.py", "test_fuzz_surfaces.py", "test_docs.py", "test_fuzz.py", "test_fuzz_coins_trees_mrv2.py", "test_mutants.py",
          "test_distributed.py")
 
 
