@@ -298,6 +298,30 @@ def test_the_hugging_face_page_holds_the_committed_planned_table():
     assert planned_table(record) in page, "run: python benchmarks/hf_generate.py --table benchmarks/out/hf_generate_planned.json"
 
 
+def guard_cost_numbers(record: dict) -> list[str]:
+    """The numbers the performance page's guard-cost table shows, formatted from ``guard_cost.json``."""
+    v = record["verify"]
+    out = [f"{v[w]['median']:.2f} s ({v[w]['min']:.2f}-{v[w]['max']:.2f})" for w in ("before", "after")]
+    r = v["paired_ratio"]
+    out.append(f"{r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f}), paired")
+    quiet = [s for s in record["suites"] if s["burners"] == 0]
+    out += [f"{s['seconds']:.0f} s, {int(s['summary'].split()[0]):,} passed" for s in quiet]
+    out.append(f"{quiet[1]['seconds'] / quiet[0]['seconds']:.3f}")
+    loaded = [s for s in record["suites"] if s["burners"] > 0]
+    out += [f"{s['seconds']:.0f} s, {int(s['summary'].split()[0]):,} passed, 0 failed" for s in loaded
+            if s["exit"] == 0]
+    return out
+
+
+def test_the_performance_page_shows_the_guard_cost_record():
+    record = json.loads((OUT / "guard_cost.json").read_text())
+    page = (DOCS / "results" / "performance.md").read_text()
+    numbers = guard_cost_numbers(record)
+    assert len(numbers) == 7 and all(n in page for n in numbers), [n for n in numbers if n not in page]
+    record["verify"]["after"]["median"] += 0.01
+    assert not all(n in page for n in guard_cost_numbers(record))
+
+
 def test_the_records_page_names_every_committed_record():
     page = (DOCS / "results" / "records.md").read_text()
     missing = [p.name for p in sorted(OUT.glob("*.json")) if f"benchmarks/out/{p.name}>" not in page]
