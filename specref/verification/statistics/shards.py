@@ -15,8 +15,10 @@ An implementation that misbehaves stops its shard; the merged tally reports the
 misbehaviour with the lowest sample index, which again does not depend on sharding.
 
 ``executor`` is any :class:`concurrent.futures.Executor`: ``ProcessPoolExecutor``
-(the implementation and the case must pickle) or a Dask client's
-``client.get_executor()`` (cloudpickle: lambdas travel too).
+(the implementation and the case must pickle) or the executor of
+:func:`~specref.adapters.cluster.dask_executor` (cloudpickle: lambdas travel too).  ``check``
+refuses a Dask ``Client`` or its own ``get_executor()`` (SPEC §6.4): their shards would run on
+Dask's worker threads; this module alone takes any executor it is handed.
 """
 
 from __future__ import annotations
@@ -308,7 +310,7 @@ def _kept(store, shards, seed, n, total) -> tuple:
 def _cannot_send(e) -> SpecrefError:
     """The error for an implementation or case that cannot travel to ``executor``'s workers."""
     return SpecrefError(f"executor cannot send the implementation or case to a worker ({type(e).__name__}: {e}); "
-                        f"use a module-level function, or a Dask client's executor")
+                        f"use a module-level function, or specref.adapters.cluster.dask_executor")
 
 
 def _tally_here(job: _Job, shards, total) -> Tally:
