@@ -641,28 +641,8 @@ def _no_temperature(tl, dl, ds, cu, pos, idx, eidx, elp, temp, seed, k):
     return mrv2_reference(tl, None if dl is None else dl * temp[:, None, None], ds, cu, pos, idx, eidx, elp, temp, seed, k)
 
 
-def _ignores_q(tl, dl, ds, cu, pos, idx, eidx, elp, temp, seed, k):
-    return mrv2_reference(tl, None, ds, cu, pos, idx, eidx, elp, temp, seed, k)
-
-
-def _by_request(tl, dl, ds, cu, pos, idx, eidx, elp, temp, seed, k):
-    """(wrong) Draft logits and temperature read at slot r instead of slot idx_mapping[r]."""
-    dl2, t2 = None if dl is None else dl.copy(), temp.copy()
-    for r, s in enumerate(idx):
-        if dl is not None:
-            dl2[s] = dl[r]
-        t2[s] = temp[r]
-    return mrv2_reference(tl, dl2, ds, cu, pos, idx, eidx, elp, t2, seed, k)
-
-
-def _ties_highest(tl, dl, ds, cu, pos, idx, eidx, elp, temp, seed, k):
-    V = tl.shape[1]
-
-    def flip(a):
-        return None if a is None else a[..., ::-1].copy()
-
-    out, n = mrv2_reference(flip(tl), flip(dl), np.where(ds >= 0, V - 1 - ds, ds), cu, pos, idx, eidx, elp, temp, seed, k)
-    return np.where(out >= 0, V - 1 - out, out), n
+# ignores q, reads slot r, ties to the highest id: the mrv2 level's own wrong variants
+from tests.test_mrv2_level import _by_request, _ignores_q, _ties_highest  # noqa: E402
 
 
 def _greedy_sampled(tl, dl, ds, cu, pos, idx, eidx, elp, temp, seed, k):
