@@ -12,8 +12,8 @@ class, how many inputs were tried and how many failed:
   (a kind whose status the spec names, e.g. ``invalid output`` for an output whose conversion
   exits, given another non-ok status);
 - the CLI (in this process per level, and three real processes): **wrong exit status** (not 0 for
-  a correct kind, 1 for a wrong one, 2 for ``--batch`` or ``--rules`` where the level takes
-  neither), **escape**;
+  a correct kind, its outcome's status for a wrong one -- SPEC §13.3: 1 differs, 3 misbehaves, 6 timed
+  out -- 2 for ``--batch`` or ``--rules`` where the level takes neither), **escape**;
 - the bad-input properties (case fields, ``check`` and ``plan`` arguments, ``declare_ties``, the
   batched parser's counts, trees thousands deep): **bad-input refused** (failed: an input neither
   refused by a SpecrefError naming it nor taken and judged -- any of the next two, a SpecrefError
@@ -125,7 +125,7 @@ def run_cli() -> dict:
                 try:
                     with redirect_stdout(buffer), redirect_stderr(buffer):
                         got = verify.main(["--impl", f"tests.fuzz_kinds_03:{attr}", "--level", level,
-                                           "--time-limit", str(K.LIMIT), "--no-progress"])
+                                           "--time-limit", "5", "--no-progress"])
                 except BaseException as e:  # noqa: BLE001
                     escaped.append(f"{kind}: {type(e).__name__}: {e}")
                     continue

@@ -9,11 +9,13 @@
     specref bench [...]                                   measured speedups (python -m specref.bench)
 
 Each subcommand is one small function: it parses, calls the library, and maps the result to the
-exit status -- 0 every case ok, 1 any other status of the implementation (it differs, misbehaves,
-or timed out: no verdict), 2 a usage error (an unknown subcommand or flag prints the usage), an
-implementation that cannot be loaded, or an internal error.  With ``--no-isolate`` the work runs
-in one child process that the command supervises (:func:`specref.verify.supervised`), so that an
-implementation that ends its process still gets 1, never its own exit status (SPEC §13.3).  The work is done by the same functions as ``python -m specref.verify`` and
+exit status (SPEC §13.3, :data:`~specref.verification.running.report.EXIT_STATUS`) -- 0 every case
+ok; else the first that applies: 1 a case differs, 3 one misbehaves, 4 one deviates only on single
+coin grid points (``boundary``), 5 one could not be judged, 6 one timed out (no verdict); 2 a usage
+error (an unknown subcommand or flag prints the usage), an implementation that cannot be loaded, or
+an internal error.  With ``--no-isolate`` the work runs in one child process that the command
+supervises (:func:`specref.verify.supervised`), so that an implementation that ends its process
+gets 3 (it crashed), never its own exit status.  The work is done by the same functions as ``python -m specref.verify`` and
 ``python -m specref.bench``, which keep working as they were.
 
 Nothing here names a level: ``--level`` is looked up in
@@ -32,7 +34,7 @@ from functools import partial
 
 from specref import __version__
 
-EXIT_OK, EXIT_DIFFERS, EXIT_USAGE = 0, 1, 2  # as python -m specref.verify's
+EXIT_OK, EXIT_DIFFERS, EXIT_USAGE, EXIT_MISBEHAVES = 0, 1, 2, 3  # as python -m specref.verify's (SPEC §13.3)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,7 +88,7 @@ def _add_implementation(p: argparse.ArgumentParser) -> None:
                         "then 4 x the slowest, at least 10 s -- and the first time-out ends the check; SPEC 13.2)")
     p.add_argument("--no-isolate", action="store_true",
                    help="run the cases in one process, not a worker each (faster; no hard deadline, and an "
-                        "implementation that exits or crashes ends the run, with exit status 1)")
+                        "implementation that exits or crashes ends the run, with exit status 3: it misbehaved)")
     p.add_argument("--batch", type=int, metavar="N",
                    help="step, logits and decoder levels: the implementation takes N samples per call, rows "
                         "stacked (SPEC 13.1)")
@@ -99,8 +101,10 @@ def parser() -> argparse.ArgumentParser:
     """The ``specref`` command line: one subparser per subcommand, each with its function as ``run``."""
     ap = _Parser(prog="specref", description="specref: the reference implementation and exact verifier of "
                                              "speculative decoding.",
-                 epilog="exit status: 0 every case ok, 1 a case differs, misbehaves or timed out (no verdict), "
-                        "2 usage or internal error. specref COMMAND -h for each.")
+                 epilog="exit status of check and sweep (SPEC 13.3): 0 every case ok, 1 a case differs, 3 one "
+                        "misbehaves, 4 one deviates only on single coin grid points (boundary), 5 one could not be "
+                        "judged, 6 one timed out (no verdict), 2 usage or internal error; the first that applies. "
+                        "specref COMMAND -h for each.")
     ap.add_argument("--version", action="version", version=f"specref {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
@@ -114,8 +118,10 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=selftest, parser=p)
 
     p = sub.add_parser("check", levels=True, help="the oracle's verdict on an implementation",
-                       description="Check MODULE:FUNCTION with the oracle: 0 preserves the target distribution, "
-                                   "1 differs, misbehaves or timed out (no verdict), 2 usage or internal error.")
+                       description="Check MODULE:FUNCTION with the oracle. Exit status, the first that applies: "
+                                   "1 a case differs, 3 misbehaves, 4 boundary (only single coin grid points), 5 could "
+                                   "not be judged, 6 timed out (no verdict); 0 preserves the target distribution; "
+                                   "2 usage or internal error.")
     _add_implementation(p)
     p.add_argument("--mode", choices=["exact", "statistical"], default="exact")
     p.add_argument("--json", metavar="PATH", help="write the whole report as JSON")
@@ -124,15 +130,16 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", levels=True, help="N and an ETA per case, before a long check",
                        description="Plan a check of MODULE:FUNCTION: N per case and an ETA from a few timed calls. "
-                                   "0 planned, 1 the implementation misbehaved on a timed call, 2 usage error.")
+                                   "0 planned, 3 the implementation misbehaved on a timed call, 2 usage error.")
     _add_implementation(p)
     p.add_argument("--mode", choices=["exact", "statistical"], default="statistical")
     p.add_argument("--calls", type=_positive_int, default=5, help="warm calls timed per case (default 5)")
     p.set_defaults(run=plan, parser=p)
 
     p = sub.add_parser("sweep", help="run a sweep file (TOML or JSON), resumable",
-                       description="Run the sweep in FILE (specref.verification.campaigns.sweep): 0 every cell ok, "
-                                   "1 one differs, misbehaves or timed out, 2 usage or internal error.")
+                       description="Run the sweep in FILE (specref.verification.campaigns.sweep): 0 every cell ok; "
+                                   "else as check's, over every cell's status: 1 differs, 3 misbehaves, 4 boundary, "
+                                   "5 could not be judged, 6 timed out, 2 usage or internal error.")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--out", metavar="PATH", help="the JSON record (resumed when it exists)")
     p.add_argument("--no-isolate", action="store_true", help="run the implementations in this process")
@@ -170,8 +177,9 @@ def selftest(args) -> int:
 
 
 def check(args) -> int:
-    """``specref check``: :func:`specref.verify.check_outside`; 0 preserves, 1 differs, misbehaves or timed out,
-    2 usage or internal error (``--no-isolate``: supervised, :func:`specref.verify.supervised`)."""
+    """``specref check``: :func:`specref.verify.check_outside`; its exit status (SPEC §13.3): 0 preserves, 1 differs,
+    3 misbehaves, 4 boundary, 5 could not be judged, 6 timed out, 2 usage or internal error (``--no-isolate``:
+    supervised, :func:`specref.verify.supervised`)."""
     from specref import verify
 
     run = partial(verify.with_executor, partial(verify.check_args, args), workers=args.workers,
@@ -181,7 +189,7 @@ def check(args) -> int:
 
 def plan(args) -> int:
     """``specref plan``: :func:`specref.verification.campaigns.planning.plan`'s table; 0 planned,
-    1 a timed call misbehaved (its row's note says how), 2 usage error (``--no-isolate``: supervised)."""
+    3 a timed call misbehaved (its row's note says how), 2 usage error (``--no-isolate``: supervised)."""
     from specref import verify
 
     return verify.supervised(partial(_plan, args)) if args.no_isolate else _plan(args)
@@ -207,7 +215,7 @@ def _plan(args) -> int:
     except BaseException as e:  # noqa: BLE001 - the planner's own failure: exit 2, as check's internal errors
         print(f"internal error while planning {args.impl!r}: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_USAGE
-    return EXIT_DIFFERS if any(r.seconds_per_call is None for r in rows) else EXIT_OK
+    return EXIT_MISBEHAVES if any(r.seconds_per_call is None for r in rows) else EXIT_OK
 
 
 def sweep(args) -> int:

@@ -526,18 +526,21 @@ def run_scenarios(scenarios, *, progress=True, out=sys.stdout, executor=None) ->
     return rows
 
 
-EXIT_PRESERVES, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2  # --impl: preserves; differs or misbehaves; usage/import/internal
+EXIT_PRESERVES, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2  # --impl: preserves; differs; usage/import/internal (SPEC §13.3)
+EXIT_MISBEHAVES = 3  # the implementation misbehaved (here: it ended the supervised process); the others: EXIT_STATUS
 
 
 def check_outside(spec: str, level: str, mode: str, samples: int | None, *, isolate: bool = True,
                   json_path: str | None = None, rules=None, batch: int | None = None, **settings) -> int:
     """--impl module:function: the oracle's verdict on an outside implementation.
 
-    Exit status: 0 the implementation preserves the target distribution; 1 it differs
-    or misbehaves (raised, timed out, crashed, invalid output: see the statuses); 2 a
-    usage error, a module that cannot be imported (one that exits, crashes or hangs at
-    import included: it is first imported in a forked worker), a target that is not
-    callable, or an internal error of the oracle.  Each case runs in a forked worker
+    Exit status (SPEC §13.3, :data:`~specref.verification.running.report.EXIT_STATUS`): 0 the
+    implementation preserves the target distribution; 1 it differs; 3 it misbehaves (raised,
+    crashed, invalid output, stateful...); 4 it deviates only on single coin grid points
+    (``boundary``); 5 a case could not be judged (over budget, not piecewise constant...); 6 a
+    case timed out (no verdict); 2 a usage error, a module that cannot be imported (one that
+    exits, crashes or hangs at import included: it is first imported in a forked worker), a
+    target that is not callable, or an internal error of the oracle.  Each case runs in a forked worker
     with a hard deadline unless ``isolate`` is False.  The printed table cuts details at
     ``specref.verification.running.report.TABLE_DETAIL`` characters; ``json_path`` gets the
     whole record.  ``rules`` (a :class:`~specref.verification.cases.rules.Rules`, or its
@@ -545,7 +548,6 @@ def check_outside(spec: str, level: str, mode: str, samples: int | None, *, isol
     """
     from specref.verification import oracle
     from specref.verification.running.calling import describe
-    from specref.verification.running.report import INTERNAL
 
     loaded = load_outside(spec, level, rules=rules, batch=batch, isolate=isolate)
     if loaded is None:
@@ -567,9 +569,7 @@ def check_outside(spec: str, level: str, mode: str, samples: int | None, *, isol
         with open(json_path, "w") as f:
             json.dump({"impl": spec, **report.to_json()}, f, indent=1, default=str)
         print(f"wrote {json_path}")
-    if any(r.status == INTERNAL for r in report.results):
-        return EXIT_ERROR
-    return EXIT_PRESERVES if report.ok else EXIT_DIFFERS
+    return report.exit_status
 
 
 def load_outside(spec: str, level: str, *, rules=None, batch: int | None = None, isolate: bool = True):
@@ -681,7 +681,7 @@ def supervised(run, *, loaded: bool = False) -> int:
     §13.3): under ``--no-isolate`` the implementation runs in the checking process, where
     ``os._exit(0)``, a crash or a signal would end the command with a status that is not the
     verdict's.  The child's output comes here as it is written; a child that ends without an exit
-    status is 1 (the implementation ended the check's process: ``crashed``), or 2 when it ended
+    status is 3 (the implementation ended the check's process: ``crashed``, a misbehaviour), or 2 when it ended
     while the implementation was being imported (``loaded``: nothing is imported first, as in a
     sweep).  A Ctrl-C here ends both: 130.  Without ``fork``, ``run()`` here."""
     import multiprocessing
@@ -729,7 +729,7 @@ def _ended(exitcode, loaded: bool) -> int:
         return EXIT_ERROR
     print(f"crashed: the implementation ended the check's process ({how}) before the report: with --no-isolate "
           f"it runs in that process (without it, each case's worker would be reported 'crashed')", file=sys.stderr)
-    return EXIT_DIFFERS
+    return EXIT_MISBEHAVES
 
 
 def _isatty(stream) -> bool:
@@ -827,10 +827,9 @@ def run_sweep_file(path: str, *, out: str | None = None, executor=None, progress
     print(sweep_table(record))
     if out:
         print(f"wrote {out}")
-    results = [c["result"] for c in record["cells"].values()]
-    if any(r["status"] == "internal error" for r in results):
-        return EXIT_ERROR
-    return EXIT_PRESERVES if all(r["ok"] for r in results) else EXIT_DIFFERS
+    from specref.verification.running.report import EXIT_STATUS, outcome_of
+
+    return EXIT_STATUS[outcome_of(c["result"]["status"] for c in record["cells"].values())]
 
 
 def selftest(*, quick: bool = False, scenario: str | None = None, json_path: str | None = None,

@@ -1458,26 +1458,29 @@ record counts them."""
 
 def _cli_kinds() -> dict:
     """``{attribute: (level, kind, exit status)}``: per level two correct kinds (exit 0) and four wrong
-    ones (exit 1: a wrong law or a write, an output that misbehaves, SystemExit raised, os._exit(0))."""
+    ones, each with the exit status of its outcome (SPEC §13.3): 1 a wrong law, 3 a misbehaviour (a
+    write, an output that misbehaves, state kept, SystemExit raised, os._exit(0): crashed), 6 a time-out."""
     picks = {
         "batched_coins": (("reference (engine_coin_kernel)", "plain Python rows"),
-                          ("shares row 0's coins", "returns SystemExit in .cpu()")),
+                          (("shares row 0's coins", 1), ("returns SystemExit in .cpu()", 3))),
         "vllm_coins": (("reference (vllm_coin_reference)", "list of lists"),
-                       ("races on p above u = 0.9", "returns hanging __array__")),
-        "tree_coins": (("reference (sglang_coin_kernel)", "NumPy outputs"), ("shares row 0's coins", "float ids (2.75)")),
+                       (("races on p above u = 0.9", 1), ("returns hanging __array__", 6))),
+        "tree_coins": (("reference (sglang_coin_kernel)", "NumPy outputs"),
+                       (("shares row 0's coins", 1), ("float ids (2.75)", 3))),
         "mrv2": (("reference (mrv2_reference)", "entries past num_sampled filled"),
-                 ("stale target buffer", "writes target_logits")),
+                 (("stale target buffer", 3), ("writes target_logits", 3))),
         "greedy_tree": (("reference (greedy_reference)", "declared split ties"),
-                        ("last matching child", "returns SystemExit in __array__")),
+                        (("last matching child", 1), ("returns SystemExit in __array__", 3))),
         "greedy_tree_step": (("reference (greedy_step_reference)", "declared split ties, drawn from the rng"),
-                             ("rewrites its tree", "endless path")),
-        "tree": (("pointmass_verify", "pointmass_verify, NumPy path"), ("zoo: min_p_over_q_on_topk", "writes its q rows")),
+                             (("rewrites its tree", 3), ("endless path", 3))),
+        "tree": (("pointmass_verify", "pointmass_verify, NumPy path"),
+                 (("zoo: min_p_over_q_on_topk", 1), ("writes its q rows", 3))),
     }
     out = {}
     for level, (good, bad) in picks.items():
         kinds = bad_kinds(level)
-        chosen = [(k, CORRECT[level][k], 0) for k in good] + [(k, kinds[k], 1) for k in bad]
-        chosen += [("raises SystemExit(0)", EXCEPTIONS["raises SystemExit(0)"], 1), ("os._exit(0)", _exit0, 1)]
+        chosen = [(k, CORRECT[level][k], 0) for k in good] + [(k, kinds[k], code) for k, code in bad]
+        chosen += [("raises SystemExit(0)", EXCEPTIONS["raises SystemExit(0)"], 3), ("os._exit(0)", _exit0, 3)]
         for i, (kind, fn, code) in enumerate(chosen):
             out[f"cli_{level}_{i}"] = (level, kind, code, fn)
     return out
@@ -1485,5 +1488,5 @@ def _cli_kinds() -> dict:
 
 CLI_KINDS = _cli_kinds()
 globals().update({attr: fn for attr, (_, _, _, fn) in CLI_KINDS.items()})
-cli_vllm_race_above_09 = VLLM_COINS_WRONG["races on p above u = 0.9"]  # the real-process CLI runs: exit 1
+cli_vllm_race_above_09 = VLLM_COINS_WRONG["races on p above u = 0.9"]  # the real-process CLI runs: exit 1 (differs)
 cli_greedy_reference = greedy_reference  # exit 0

@@ -308,20 +308,26 @@ def test_plan_run_each_and_sweeps_stop_at_the_first_time_out_too(short_rule, tmp
     assert len(path.read_text().splitlines()) == 1 and time.monotonic() - t0 < 20
 
 
-@pytest.mark.parametrize("statuses, said, unsaid", [
-    (["ok", "timeout"], "NO VERDICT", ("FAILS", "DIFFERS")),
-    (["timeout", "not run"], "NO VERDICT", ("FAILS", "DIFFERS")),
-    (["ok", "raised"], "FAILS", ("DIFFERS",)),  # before: "DIFFERS (worst TV 0.004)", from the ok case's estimate
-    (["differs", "timeout"], "DIFFERS", ("FAILS",)),
+@pytest.mark.parametrize("statuses, said, unsaid, code", [
+    (["ok", "timeout"], "NO VERDICT: 1 case(s) timed out", ("MISBEHAVES", "DIFFERS", "BOUNDARY"), 6),
+    (["timeout", "not run"], "NO VERDICT", ("MISBEHAVES", "DIFFERS"), 6),
+    (["ok", "raised"], "MISBEHAVES: 1 case(s) (raised: 1", ("DIFFERS",), 3),  # before: "DIFFERS (worst TV 0.004)"
+    (["differs", "timeout"], "DIFFERS", ("MISBEHAVES", "NO VERDICT"), 1),
+    (["ok", "boundary", "boundary"], "BOUNDARY: 2 case(s)", ("DIFFERS", "MISBEHAVES"), 4),  # before: "FAILS"
+    (["boundary", "timeout"], "BOUNDARY", ("DIFFERS", "MISBEHAVES"), 4),
+    (["boundary", "stateful"], "MISBEHAVES", ("DIFFERS",), 3),
+    (["over budget", "ok"], "NO VERDICT: 1 case(s) could not be judged", ("DIFFERS", "MISBEHAVES"), 5),
+    (["differs", "internal error"], "INTERNAL ERROR", ("MISBEHAVES",), 2),
 ])
-def test_the_first_line_says_what_was_judged(statuses, said, unsaid):
-    """A time-out is no verdict, and an ok case's plug-in TV estimate is no difference.  Fails if the
-    report's first line says otherwise."""
-    tvs = {"ok": 0.004, "differs": 0.3}
+def test_the_first_line_says_what_was_judged(statuses, said, unsaid, code):
+    """A time-out is no verdict, an ok case's plug-in TV estimate is no difference, a boundary deviation is
+    neither a difference nor a misbehaviour; the exit status names the same outcome (SPEC §13.3).  Fails if
+    the report's first line or its exit status says otherwise."""
+    tvs = {"ok": 0.004, "differs": 0.3, "boundary": 6e-8}
     report = Report("step", "statistical", [CaseResult(replace(TINY, name=f"case-{i}"), s, tv=tvs.get(s))
                                             for i, s in enumerate(statuses)])
     line = str(report).splitlines()[0]
-    assert said in line and not any(w in line for w in unsaid), line
+    assert said in line and not any(w in line for w in unsaid) and report.exit_status == code, line
     judged = [r.case for r in report.results if r.status not in ("ok", "not run")]
     assert report.counterexample in judged  # a failing case that was judged, never one not run
 
@@ -359,13 +365,13 @@ def _cli(*argv):
 
 @needs_fork
 @pytest.mark.parametrize("target, code, word", [
-    ("front_door_impls:hard_exit", 1, "crashed"),
-    ("front_door_impls:interrupts", 1, "KeyboardInterrupt"),
+    ("front_door_impls:hard_exit", 3, "crashed"),  # misbehaves (SPEC §13.3)
+    ("front_door_impls:interrupts", 3, "KeyboardInterrupt"),
     ("interrupts_at_import:f", 2, "cannot load"),
 ])
 def test_no_isolate_exit_statuses_follow_the_statuses(impls, target, code, word):
     """Before: ``os._exit(0)`` in the implementation under ``--no-isolate`` ended the command with 0,
-    and a KeyboardInterrupt at import with 130.  Fails unless 1 (a non-ok status) and 2 (an import
+    and a KeyboardInterrupt at import with 130.  Fails unless 3 (a misbehaviour) and 2 (an import
     failure), with the reason printed."""
     got = _in_a_fork(lambda: _cli("check", "--impl", target, "--no-isolate", "--time-limit", "5"), 60)
     assert got[0] == "returned" and got[1][0] == code and word in got[1][1], got
@@ -377,7 +383,7 @@ def test_no_isolate_exit_status_of_the_real_process(impls):
     env = {**os.environ, "PYTHONPATH": f"{impls}{os.pathsep}{ROOT}"}
     run = subprocess.run([sys.executable, "-m", "specref", "check", "--impl", "front_door_impls:hard_exit",
                           "--no-isolate"], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
-    assert run.returncode == 1 and "crashed" in run.stdout + run.stderr, run.stdout + run.stderr
+    assert run.returncode == 3 and "crashed" in run.stdout + run.stderr, run.stdout + run.stderr
 
 
 # ---------------------------------------------------------------- 24. Dask

@@ -407,8 +407,8 @@ def main(*args):
 
 
 @pytest.mark.parametrize("target, code, word", [
-    pytest.param("impls13:exits", 1, "SystemExit", marks=needs_fork),
-    pytest.param("impls13:hard_exit", 1, "crashed", marks=needs_fork),
+    pytest.param("impls13:exits", 3, "SystemExit", marks=needs_fork),  # raised: misbehaves (SPEC §13.3)
+    pytest.param("impls13:hard_exit", 3, "crashed", marks=needs_fork),
     ("impls13:not_callable", 2, "not a callable"),
     ("broken13:f", 2, "cannot load"),
     ("no_such_module_13:f", 2, "cannot load"),
@@ -428,7 +428,7 @@ def test_cli_usage_errors_exit_2(impls):
 def test_cli_truncates_details_and_json_keeps_the_record(impls, tmp_path):
     out = tmp_path / "report.json"
     got, text = main("--impl", "impls13:huge", "--json", str(out))
-    assert got == 1, text[-2000:]
+    assert got == 3, text[-2000:]  # raised: misbehaves
     assert len(text) < 30 * (TABLE_DETAIL + 200)  # ~14 cases of at most TABLE_DETAIL characters each
     record = json.loads(out.read_text())
     assert not record["ok"] and record["results"][0]["status"] == "raised"
@@ -440,12 +440,13 @@ def test_cli_truncates_details_and_json_keeps_the_record(impls, tmp_path):
 
 @needs_fork
 def test_cli_process_exit_status(tmp_path):
-    """The real process: an implementation that calls os._exit(0) makes the CLI exit 1, with a report."""
+    """The real process: an implementation that calls os._exit(0) makes the CLI exit 3 (misbehaves: crashed),
+    with a report."""
     (tmp_path / "impls13.py").write_text(IMPLS)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     run = subprocess.run([sys.executable, "-m", "specref.verify", "--impl", "impls13:hard_exit"],
                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert run.returncode == 1 and "crashed" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 3 and "crashed" in run.stdout, run.stdout + run.stderr
 
 
 def test_check_raises_only_for_bad_arguments():

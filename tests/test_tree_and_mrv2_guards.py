@@ -374,11 +374,11 @@ def test_the_largest_seed_is_valid_for_every_mrv2_case():
 
 @pytest.mark.parametrize("impl, level, words", [("stale_mrv2", "mrv2", "stateful"),
                                                 ("rewrites_its_tree", "greedy_tree_step", "writes into its inputs")])
-def test_the_cli_exits_1(tmp_path, impl, level, words):
+def test_the_cli_exits_3(tmp_path, impl, level, words):
     """The real process, isolated, default cases and state check: fails if the stale kernel or the
-    tree-rewriting step exits 0 (both did)."""
+    tree-rewriting step exits 0 (both did); each misbehaves (SPEC §13.3), exit 3."""
     (tmp_path / "impls_guards.py").write_text(IMPLS)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     run = subprocess.run([sys.executable, "-m", "specref.verify", "--no-progress", "--impl", f"impls_guards:{impl}",
                           "--level", level], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert run.returncode == 1 and words in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 3 and words in run.stdout and "MISBEHAVES" in run.stdout, run.stdout + run.stderr

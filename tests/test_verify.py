@@ -83,7 +83,7 @@ def test_impl_takes_a_batch_and_declared_rules():
     assert batched.returncode == 0, batched.stdout + batched.stderr
     unbatched = run_cli("--impl", "tests.test_batched_calls:step_many", "--level", "step", "--mode", "statistical",
                         "--samples", "200")
-    assert unbatched.returncode == 1 and "raised" in unbatched.stdout  # one sample per call: not its signature
+    assert unbatched.returncode == 3 and "raised" in unbatched.stdout  # one sample per call: not its signature
     ruled = run_cli("--impl", "tests.test_rules:self_consistent", "--level", "logits",
                     "--rules", "order=top_k,top_p,min_p,temperature")
     assert ruled.returncode == 0 and "self-consistent" in ruled.stdout, ruled.stdout + ruled.stderr

@@ -6,12 +6,13 @@ Statuses (SPEC §13.3): ``ok`` and ``differs`` judge the law; the others name a 
 ``stateful``: the case was judged twice (the state check, ``Settings.state_check``: by default
 in exact mode) after different cases, and its verdict or its exact law changed -- the
 implementation keeps something (scratch, a cache, an rng) from one call to the next that changes
-what it returns; the detail names the two runs.  Not ok: the CLI exits 1, as for ``differs``.
+what it returns; the detail names the two runs.  Not ok: a misbehaviour, the CLI exits 3 (SPEC §13.3).
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -19,7 +20,8 @@ from specref.core.errors import SpecrefError, check_positive_int
 
 __all__ = ["Settings", "CaseResult", "Report", "law_verdict", "OK", "DIFFERS", "RAISED", "INVALID", "TIMEOUT", "ARITHMETIC",
            "CRASHED", "BUDGET", "RNG_MISUSE", "WRITES", "STATEFUL", "INTERNAL", "NOT_RUN", "MAX_TOLERANCE",
-           "TABLE_DETAIL"]
+           "TABLE_DETAIL", "BOUNDARY", "NOT_PIECEWISE", "NOT_RACE", "WORKER_FAILED", "OUTCOMES", "EXIT_STATUS", "outcome_of", "EXIT_PRESERVES",
+           "EXIT_ERROR"]
 
 OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
     "ok", "differs", "raised", "invalid output", "timeout", "lazy-uniform arithmetic",
@@ -34,6 +36,45 @@ STATEFUL = "stateful"
 INTERNAL = "internal error"  # the oracle's own failure (never the implementation's): the CLI exits 2
 # Under the default time rule (time_limit=None) the first time-out ends a check: the cases after it are not run.
 NOT_RUN = "not run"
+# Coin-fed levels (SPEC §11.9, §11.11): a deviation made by single coin grid points; no coin law; no race.
+BOUNDARY = "boundary"
+NOT_PIECEWISE = "not piecewise constant"
+NOT_RACE = "not an exponential race"
+WORKER_FAILED = "worker failed"  # statistical mode: the process that ran a shard died or could not be reached
+EXIT_PRESERVES, EXIT_ERROR = 0, 2  # every case ok; a usage error, an import failure or an internal error
+#: What a run's statuses say together (SPEC §13.3): the first outcome some case falls in names the run
+#: (the report's first line) and gives the CLI's exit status.  ``ok`` everywhere: "preserves", exit 0;
+#: an ``internal error`` anywhere: exit 2.  A status no level here makes (a user's level) misbehaves.
+OUTCOMES = (
+    ("differs", (DIFFERS,), 1),
+    ("misbehaves", (RAISED, INVALID, CRASHED, ARITHMETIC, RNG_MISUSE, WRITES, STATEFUL), 3),
+    ("boundary", (BOUNDARY,), 4),
+    ("could not be judged", (BUDGET, NOT_PIECEWISE, NOT_RACE, WORKER_FAILED), 5),
+    ("timed out", (TIMEOUT, NOT_RUN), 6),
+)
+#: The CLI's exit status of each outcome (SPEC §13.3).
+EXIT_STATUS = {"preserves": EXIT_PRESERVES, "internal error": EXIT_ERROR, **{n: code for n, _, code in OUTCOMES}}
+
+
+def outcome_of(statuses) -> str:
+    """What a run's statuses say together (SPEC §13.3): ``"preserves"`` when every one is ok (and there
+    is one), ``"internal error"`` when the oracle failed on a case, else the first name of
+    :data:`OUTCOMES` some status falls in (``"misbehaves"`` for a status no level here makes).
+
+    >>> outcome_of(["ok", "boundary", "timeout"]), outcome_of(["boundary", "raised"]), outcome_of(["ok"])
+    ('boundary', 'misbehaves', 'preserves')
+    """
+    found = set(statuses)
+    if found and found <= {OK}:
+        return "preserves"
+    if INTERNAL in found or not found:
+        return "internal error"
+    for name, members, _ in OUTCOMES:
+        if found & set(members):
+            return name
+    return "misbehaves"
+
+
 MAX_TOLERANCE = 1e-3  # exact mode: a larger tolerance could let a wrong implementation pass
 TABLE_DETAIL = 300  # characters of a detail shown in a report's table (to_json keeps it whole)
 
@@ -260,24 +301,55 @@ class Report:
         }
 
     @property
+    def outcome(self) -> str:
+        """What happened, in one word of :data:`OUTCOMES` (:func:`outcome_of` of the cases' statuses)."""
+        return outcome_of(r.status for r in self.results)
+
+    @property
+    def exit_status(self) -> int:
+        """The CLI's exit status (SPEC §13.3): :data:`EXIT_STATUS` of the :attr:`outcome`."""
+        return EXIT_STATUS[self.outcome]
+
+    def _counts(self, outcome: str) -> list:
+        members = dict((n, m) for n, m, _ in OUTCOMES).get(outcome, ())
+        known = {s for _, m, _ in OUTCOMES for s in m} | {OK, INTERNAL}
+        return [r for r in self.results if r.status in members
+                or (outcome == "misbehaves" and r.status not in known)]
+
+    @property
     def verdict(self) -> str:
-        """The first line's verdict (SPEC §13.3): what was judged, and only that.  ``DIFFERS`` needs a
-        case that differs (its TV, not an ok case's plug-in estimate); ``FAILS`` a misbehaviour; a
-        time-out, or a case not run after one, is no verdict and is said so, never FAILS."""
-        bad = [r for r in self.results if not r.ok]
-        if not bad:
+        """The first line's verdict (SPEC §13.3): what happened, and only that -- the :attr:`outcome`,
+        then a count of each other outcome.  ``DIFFERS`` needs a case that differs (its TV, never an ok
+        case's plug-in estimate); ``BOUNDARY`` a deviation made by single coin grid points and nothing
+        worse; a time-out, or a case not run after one, is no verdict and is said so."""
+        outcome = self.outcome
+        if outcome == "preserves":
             return "preserves the target distribution"
-        unanswered = [r for r in bad if r.status in (TIMEOUT, NOT_RUN)]
-        timed_out, not_run = sum(r.status == TIMEOUT for r in bad), sum(r.status == NOT_RUN for r in bad)
-        note = f"{timed_out} case(s) timed out" + (f", {not_run} not run after it" if not_run else "")
-        differing = [r.tv for r in bad if r.status == DIFFERS and r.tv is not None]
-        if differing:
-            head = f"DIFFERS from the target distribution (worst TV {float(max(differing)):.3g})"
-        elif len(unanswered) < len(bad):
-            head = "FAILS (see statuses)"
-        else:
-            return f"NO VERDICT: {note}, without a result to judge (see statuses)"
-        return head + (f"; {note}" if unanswered else "")
+        head = self._head(outcome)
+        others = [f"{n} {len(self._counts(n))}" for n, _, _ in OUTCOMES if n != outcome and self._counts(n)]
+        return head + (f"; other cases: {', '.join(others)}" if others else "")
+
+    def _head(self, outcome: str) -> str:
+        cases = self._counts(outcome)
+        tvs = [r.tv for r in cases if r.tv is not None]
+        worst = f"worst TV {float(max(tvs)):.3g}" if tvs else "no TV"
+        kinds = ", ".join(f"{s}: {n}" for s, n in sorted(Counter(r.status for r in cases).items()))
+        if outcome == "internal error":
+            n = sum(r.status == INTERNAL for r in self.results)
+            return f"INTERNAL ERROR: the oracle failed on {n} case(s) (see statuses)"
+        if outcome == "differs":
+            return f"DIFFERS from the target distribution ({worst})"
+        if outcome == "misbehaves":
+            return f"MISBEHAVES: {len(cases)} case(s) ({kinds}; see statuses)"
+        if outcome == "boundary":
+            return (f"BOUNDARY: {len(cases)} case(s) deviate from the target only on single coin grid points "
+                    f"({worst}; see statuses)")
+        if outcome == "could not be judged":
+            return f"NO VERDICT: {len(cases)} case(s) could not be judged ({kinds}; see statuses)"
+        timed_out = sum(r.status == TIMEOUT for r in cases)
+        not_run = len(cases) - timed_out
+        return (f"NO VERDICT: {timed_out} case(s) timed out" + (f", {not_run} not run after it" if not_run else "")
+                + ", without a result to judge (see statuses)")
 
     def __str__(self):
         text = f"{self.level}-level check, {self.mode} mode: {self.verdict}\n{self.table()}"

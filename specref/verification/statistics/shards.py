@@ -34,14 +34,13 @@ import numpy as np
 
 from specref.core.errors import SpecrefError, check_positive_int
 from specref.verification.running.calling import implementation_seconds, Misbehaved, case_budget, case_time_left
-from specref.verification.running.report import TIMEOUT
+from specref.verification.running.report import TIMEOUT, WORKER_FAILED
 
 __all__ = ["BLOCK", "Tally", "Sampler", "ProgramSampler", "OutcomeCounter", "block_rng", "count_blocks", "tally",
            "tally_blocks", "sampler_of", "calls_for", "timed_calls", "shard_key", "check_executor", "check_travel", "WORKER_FAILED"]
 
 #: Samples per block; fixed, so that results do not depend on how work is cut.
 BLOCK = 1024
-WORKER_FAILED = "worker failed"  # a status: the process that ran a shard died or could not be reached
 
 
 def block_rng(seed: int, j: int) -> np.random.Generator:

@@ -58,6 +58,7 @@ Misbehaviour (``raised``, ``invalid output``, ``timeout``) is reported with the 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import operator
@@ -83,7 +84,7 @@ from specref.verification.levels.trees.sampled import (TreeCase, _inner_padding,
                                                        memo_rows)
 from specref.verification.running.calling import Misbehaved, call, foreign, short_repr
 from specref.verification.running.level import Level, fixed_reference
-from specref.verification.running.report import BUDGET, DIFFERS, INVALID, OK, CaseResult
+from specref.verification.running.report import BOUNDARY, BUDGET, DIFFERS, INVALID, NOT_PIECEWISE, OK, CaseResult
 
 __all__ = [
     "BOUNDARY",
@@ -102,18 +103,21 @@ __all__ = [
     "large_coin_case",
     "default_tree_coin_cases",
     "coverage",
+    "made_by_grid_points",
+    "at_two_grids",
+    "COARSER_BITS",
     "run_batched_coins",
     "run_tree_coins",
     "LEVELS",
 ]
 
-BOUNDARY = "boundary"  # an exact deviation on grid points of mass 2^-m, below the tolerance
-NOT_PIECEWISE = "not piecewise constant"  # the kernel failed coin_law's checks
 #: CoinCase.drafts = None enumerates at most this many joint draft tuples.
 MAX_DRAFT_TUPLES = 64
 #: Orders of a row's coins tried after the contract's fails coin_law's checks (every order when K <= 3).
 MAX_COIN_ORDERS = 23
 _SEVERITY = {OK: 0, BOUNDARY: 1, DIFFERS: 2}
+#: A coin case that differs is judged again on a grid this many bits coarser (:func:`at_two_grids`).
+COARSER_BITS = 4
 
 
 # ---------------------------------------------------------------- cases
@@ -341,6 +345,41 @@ def _verdict(got, expected, tight, tolerance, exact_rows=()):
     return status, cmp, impossible
 
 
+def made_by_grid_points(fine_tv, coarse_tv, step: int = COARSER_BITS) -> bool:
+    """Whether a deviation of TV ``fine_tv`` on the ``2^-m`` grid, ``coarse_tv`` on the ``2^-(m - step)``
+    grid, is made by single grid points (SPEC §11.9): it vanishes on the coarser grid (the coins that
+    made it are fine-grid points the coarse grid does not have) or grows with the grid point's mass (by
+    at least half of ``2^step``).  A deviation of the law itself -- a window of coins, a wrong residual --
+    keeps about the same TV on both grids.
+
+    >>> made_by_grid_points(Fraction(3, 2**24), Fraction(3, 2**20)), made_by_grid_points(0.01, 0.0100002)
+    (True, False)
+    """
+    return coarse_tv == 0 or coarse_tv >= (1 << (step - 1)) * fine_tv
+
+
+def at_two_grids(judge, bits: int, step: int = COARSER_BITS) -> CaseResult:
+    """``judge(bits)``, a coin case's result on the ``2^-bits`` grid; a ``differs`` there is judged again
+    on the grid ``step`` bits coarser, and is ``boundary`` when the deviation is made by single grid points
+    (:func:`made_by_grid_points`).  So one defect gets one label whatever the coins' width: the inclusive
+    ``u <= p/q`` is ``boundary`` with float32 coins (TV ~ 2^-24, above the tolerance) as with float64
+    coins (TV ~ 2^-53, below it)."""
+    fine = judge(bits)
+    if fine.status != DIFFERS or bits <= step:
+        return fine
+    coarse = judge(bits - step)
+    if coarse.status not in (OK, BOUNDARY, DIFFERS):  # misbehaved on the coarse grid: the fine verdict stands
+        return fine
+    coarse_tv = Fraction(coarse.tv or 0)
+    fine_tv = Fraction(fine.tv)
+    grids = f"TV {_mass(fine_tv)} on the 2^-{bits} grid, {_mass(coarse_tv)} on the 2^-{bits - step} grid"
+    if made_by_grid_points(fine_tv, coarse_tv, step):
+        how = "vanishes" if coarse_tv == 0 else "grows with the grid point's mass"
+        return dataclasses.replace(fine, status=BOUNDARY, detail=f"a deviation made by single grid points ({grids}: it "
+                                   f"{how}; SPEC §11.9): {fine.detail}")
+    return dataclasses.replace(fine, detail=f"{fine.detail}; {grids}: the deviation does not shrink with the grid")
+
+
 def _mass(w) -> str:
     w = Fraction(w)
     if w and w.numerator == 1 and w.denominator & (w.denominator - 1) == 0:
@@ -510,7 +549,7 @@ def _order_words(perm, K) -> str:
             "the law is judged in that order (SPEC §11.9)")
 
 
-def _tuple_law(f, case, cands, budget):
+def _tuple_law(f, case, cands, budget, bits=None):
     """``(coin law, order note, kernel calls)`` of one draft tuple: the contract's coin order first,
     then each other order of a row's coins (the same in every row) until one passes ``coin_law``'s
     checks (SPEC §11.9); the calls of the orders that failed count against ``budget``.  No order
@@ -526,7 +565,7 @@ def _tuple_law(f, case, cands, budget):
         return seen[key]
 
     def law_of(order):
-        return coin_law(counted, B * K1, dtype=case.dtype, probes=case.probes, candidates=lambda d: cands[d],
+        return coin_law(counted, B * K1, dtype=case.dtype, bits=bits, probes=case.probes, candidates=lambda d: cands[d],
                         max_evals=max(1, budget - calls[0]), order=order)
 
     try:
@@ -542,14 +581,14 @@ def _tuple_law(f, case, cands, budget):
                                f"other orders of a row's coins passes either)")
 
 
-def _batched_coin_case(kernel, case, settings):
+def _batched_coin_case(kernel, case, settings, bits=None):
     """One case of the ``batched_coins`` level: the coin law per draft tuple, the worst verdict.
 
     Over 60 lines: the per-tuple kernel wrapper, its law and the running worst verdict share the
     case's inputs and counters, and read best in one place."""
     started = time.perf_counter()
     B, K1, V = case.shape
-    K, k, bits, dtype = K1 - 1, case.k, case.bits, case.dtype
+    K, k, bits, dtype = K1 - 1, case.k, grid_bits(case.dtype, bits), case.dtype
     p_in = _exact_in("p_target", case.p_target, dtype)
     q_in = None if case.q_draft is None else _exact_in("q_draft", case.q_draft, dtype)
     bc = case.batched()
@@ -576,7 +615,7 @@ def _batched_coin_case(kernel, case, settings):
             return tuple(tuple(int(t) for t in tokens[b, :n[b]]) for b in range(B))
 
         try:
-            got, order_note, calls = _tuple_law(f, case, cands, budget)
+            got, order_note, calls = _tuple_law(f, case, cands, budget, bits)
         except NotPiecewiseConstant as e:
             return CaseResult(case, NOT_PIECEWISE, detail=f"drafts {x.tolist()}: {e} (coins: "
                                                           f"{', '.join(names(d) for d in range(B * K1))})")
@@ -609,7 +648,8 @@ def run_batched_coins(level, kernel, cases, settings):
     """The ``batched_coins`` level: each case's coin law per draft tuple, through the one runner."""
     _exact_only(level.name, settings)
     return run_cases(level, cases, settings, validate=_validate_coin_case,
-                     exact=lambda case: partial(_batched_coin_case, kernel, case, settings),
+                     exact=lambda case: partial(at_two_grids, partial(_batched_coin_case, kernel, case, settings),
+                                                case.bits),
                      statistical=None)
 
 
@@ -719,7 +759,7 @@ def _tree_row_thresholds(p_row_sets, tree_links):
     return node_t, sorted(final_t)
 
 
-def _tree_coin_laws(kernel, case: TreeCoinCase, settings, stats):
+def _tree_coin_laws(kernel, case: TreeCoinCase, settings, stats, bits=None):
     """``(the kernel's joint law of the B completed blocks, the expected law, tight)`` for one case.
 
     Composed rather than enumerated whole: the law of the drafted trees (enumerated), for each tree
@@ -731,7 +771,7 @@ def _tree_coin_laws(kernel, case: TreeCoinCase, settings, stats):
     ``reference_law``, ``complete``, ``blocks``; the longest 40 lines) share the case's memo of
     target rows and the drafted trees, and read top to bottom as the composition above."""
     tc, batch, dtype = case.tree, case.batch, case.dtype
-    bits = grid_bits(dtype)
+    bits = grid_bits(dtype, bits)
     target, draft = tc.models()
     prompt, V, depth = list(tc.prompt), tc.vocab_size, tc.depth
     config = SamplingConfig()
@@ -763,7 +803,7 @@ def _tree_coin_laws(kernel, case: TreeCoinCase, settings, stats):
             return (f"uniform_samples[{d // (N + 1)}, {d % (N + 1)}]" if d % (N + 1) < N
                     else f"uniform_final[{d // (N + 1)}]")
 
-        got = coin_law(f, batch * (N + 1), dtype=dtype, probes=case.probes, candidates=lambda d: cands[d],
+        got = coin_law(f, batch * (N + 1), dtype=dtype, bits=bits, probes=case.probes, candidates=lambda d: cands[d],
                        max_evals=max(1, settings.max_paths - stats["evaluations"]))
         stats["evaluations"] += got.evaluations
         stats["laws"].append((got, names, cands, trees))
@@ -905,12 +945,12 @@ def _impossible_kernel_outputs(stats, target_row):
     return found
 
 
-def _tree_coin_case(kernel, case, settings):
+def _tree_coin_case(kernel, case, settings, bits=None):
     started = time.perf_counter()
-    stats = {"evaluations": 0, "laws": []}
-    bits = grid_bits(case.dtype)
+    stats: dict = {"evaluations": 0, "laws": []}
+    bits = grid_bits(case.dtype, bits)
     try:
-        got, expected, tight = _tree_coin_laws(kernel, case, settings, stats)
+        got, expected, tight = _tree_coin_laws(kernel, case, settings, stats, bits)
     except NotPiecewiseConstant as e:
         return CaseResult(case, NOT_PIECEWISE, detail=f"{e} (searched in SGLang's coin order: uniform_samples[b, j] "
                                                       f"for node j, then uniform_final[b]; SPEC §11.9)")
@@ -939,7 +979,8 @@ def run_tree_coins(level, kernel, cases, settings):
     """The ``tree_coins`` level: the kernel's coin law inside the tree program, through the one runner."""
     _exact_only(level.name, settings)
     return run_cases(level, cases, settings, validate=_validate_tree_coin_case,
-                     exact=lambda case: partial(_tree_coin_case, kernel, case, settings), statistical=None)
+                     exact=lambda case: partial(at_two_grids, partial(_tree_coin_case, kernel, case, settings),
+                                                grid_bits(case.dtype)), statistical=None)
 
 
 # ---------------------------------------------------------------- engine-style kernels (trees)
