@@ -23,7 +23,9 @@ What they draw, and why (SPEC §3 "edge cases that must be defined and tested", 
   forced edge cases (``p = q``, ``p(x_1) = 0``, draft rows with zeros, all-accept);
 - :func:`table_models` and :func:`table_model_pairs`: bigram
   :class:`~specref.verification.cases.tables.ProbTable` / :class:`~specref.verification.cases.tables.LogitTable`
-  models, and (target, draft) pairs that are identical, near-equal or always reject.
+  models, and (target, draft) pairs that are identical, near-equal or always reject;
+- :func:`schedules`: valid continuous-batching :class:`~specref.decoding.continuous.Schedule` s
+  (arrivals, cancellations, preemptions by recompute and swap, a memory budget).
 
 Conventions are specref's: float rows are float64 summing to 1 within 1e-12; exact
 rows (``exact=True``) are NumPy object arrays of ``fractions.Fraction`` summing to
@@ -47,6 +49,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from specref.core.sampling import SamplingConfig
+from specref.decoding.continuous import PREEMPTION_MODES, Cancellation, Preemption, Request, Schedule
 from specref.verification.cases.tables import LogitTable, ProbTable
 
 __all__ = [
@@ -60,6 +63,7 @@ __all__ = [
     "step_inputs",
     "table_models",
     "table_model_pairs",
+    "schedules",
 ]
 
 SHAPES = ("zeros", "ties", "near_ties", "peaked", "flat", "random")
@@ -665,3 +669,87 @@ def table_model_pairs(
     exact = _flag("exact", exact)
     relations = _choices("relations", relations, _TABLE_RELATIONS)
     return _table_model_pair(vocab, exact, _kind(kind, exact), relations)
+
+
+# ---------------------------------------------------------------- continuous-batching schedules
+
+
+def _request_events(draw, r: int, arrival: int, m: int, kinds: tuple) -> tuple[list, list]:
+    """Request ``r``'s cancellation and preemption, valid by construction: a preemption at one of
+    the ``m`` steps it surely still runs (arrival .. arrival + m - 1), resumed 1 or 2 steps later;
+    a cancellation at or after its arrival, after its preemption when it has both."""
+    kind = draw(st.sampled_from(kinds))
+    cancels: list = []
+    preempts: list = []
+    if kind in ("preempt", "both"):
+        step = arrival + draw(st.integers(0, m - 1))
+        preempts.append(Preemption(r, step, step + draw(st.integers(1, 2)), draw(st.sampled_from(PREEMPTION_MODES))))
+    if kind == "cancel":
+        cancels.append(Cancellation(r, arrival + draw(st.integers(0, m))))
+    elif kind == "both":
+        cancels.append(Cancellation(r, preempts[0].step + draw(st.integers(1, 3))))
+    return cancels, preempts
+
+
+@st.composite
+def _schedule(draw, vocab, n_requests, ks, new_tokens, horizon, kinds, budget):
+    V = _drawn_size(draw, "vocab_size", vocab, 1)
+    B = _drawn_size(draw, "requests", n_requests, 1)
+    k = _drawn_size(draw, "k", ks, 1)
+    requests, arrivals, cancels, preempts = [], [], [], []
+    for r in range(B):
+        prompt = tuple(draw(st.lists(st.integers(0, V - 1), min_size=1, max_size=2)))
+        m = _drawn_size(draw, "max_new_tokens", new_tokens, 1)
+        stop = tuple(draw(st.lists(st.integers(0, V - 1), max_size=1))) if V > 1 else ()
+        requests.append(Request(prompt, m, stop))
+        arrivals.append(draw(st.integers(0, horizon - 1)))
+        c, p = _request_events(draw, r, arrivals[-1], m, kinds)
+        cancels += c
+        preempts += p
+    memory = None
+    if budget and not cancels and draw(st.booleans()):  # a budget between one request alone and a little more
+        memory = max(len(q.prompt) + q.max_new_tokens - 1 + k for q in requests) + draw(st.integers(0, 3))
+    return Schedule(tuple(requests), tuple(arrivals), k, tuple(cancels), tuple(preempts), memory)
+
+
+def schedules(
+    *,
+    vocab_size: int | st.SearchStrategy[int] = 2,
+    requests: int | st.SearchStrategy[int] | None = None,
+    k: int | st.SearchStrategy[int] | None = None,
+    max_new_tokens: int | st.SearchStrategy[int] | None = None,
+    horizon: int = 3,
+    events: bool = True,
+    cancellations: bool = True,
+    budget: bool = True,
+) -> st.SearchStrategy[Schedule]:
+    """A valid :class:`~specref.decoding.continuous.Schedule` for :func:`specref.decoding.continuous.continuous_decode`.
+
+    Each request: a prompt of 1 or 2 tokens, ``max_new_tokens`` new tokens, none or one stop token,
+    the default sampling config, an arrival step in ``0..horizon-1``; with ``events``, each request
+    also draws one of: nothing, a cancellation (at its arrival step up to ``max_new_tokens`` steps
+    later), a preemption (recompute or swap, at a step it surely still runs, resumed 1 or 2 steps
+    later), or both (the cancellation after the preemption); ``cancellations=False`` leaves the
+    cancellations out (nothing or a preemption).  With ``budget`` and no cancellation,
+    half the schedules get a memory budget between the largest request's need alone
+    (``len(prompt) + max_new_tokens - 1 + k``) and 3 KV tokens more, which forces preemptions
+    when requests overlap.  A memory budget is never drawn with a cancellation: the steps a
+    cancelled request runs would then depend on the others (SPEC §17.2).
+
+    * ``vocab_size``: an int or a strategy (default 2: the exact law stays small);
+    * ``requests``, ``k``, ``max_new_tokens``: ints or strategies (default 1..3, 1..2, 1..3).
+
+    >>> from specref.verification.cases.strategies import schedules
+    >>> schedules(requests=2, k=1).example()  # doctest: +SKIP
+    Schedule(requests=(Request(prompt=(0,), max_new_tokens=2, ...), ...), arrivals=(0, 1), k=1, ...)
+    """
+    vocab = _size("vocab_size", vocab_size, st.just(2), 1)
+    n_requests = _size("requests", requests, st.integers(1, 3), 1)
+    ks = _size("k", k, st.integers(1, 2), 1)
+    new_tokens = _size("max_new_tokens", max_new_tokens, st.integers(1, 3), 1)
+    if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
+        raise InvalidArgument(f"horizon must be an int >= 1, got {horizon!r}")
+    kinds: tuple[str, ...] = ("none", "cancel", "preempt", "both") if _flag("cancellations", cancellations) \
+        else ("none", "preempt")
+    kinds = kinds if _flag("events", events) else ("none",)
+    return _schedule(vocab, n_requests, ks, new_tokens, int(horizon), kinds, _flag("budget", budget))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from specref.core.errors import SpecrefError
 from specref.verification.levels.batched.engines import LEVELS as _ENGINES
 from specref.verification.levels.batched.mrv2 import LEVELS as _MRV2
+from specref.verification.levels.batched.schedules import LEVELS as _SCHEDULES
 from specref.verification.levels.batched.steps import LEVELS as _BATCHED
 from specref.verification.levels.batched.vllm_sampler import LEVELS as _VLLM_SAMPLER
 from specref.verification.levels.chain.programs import LEVELS as _CHAIN
@@ -62,6 +63,6 @@ def level_named(level, *, need: str = "level must be one of the registered level
     return LEVELS[level]
 
 
-for _level in _CHAIN + _BATCHED + _TREES + _ENGINES + _VLLM_SAMPLER + _COINS + _VLLM_COINS + _MRV2 + _GREEDY:
+for _level in _CHAIN + _BATCHED + _TREES + _ENGINES + _VLLM_SAMPLER + _COINS + _VLLM_COINS + _MRV2 + _GREEDY + _SCHEDULES:
     register(_level)
 del _level
