@@ -1,6 +1,6 @@
 """``python -m figures``: regenerate every figure into ``figures/out/`` (PNG + JSON).
 
-    python -m figures                     # all six figures
+    python -m figures                     # all seven figures
     python -m figures --out DIR           # somewhere else
     python -m figures --only fig3         # one figure (repeatable; fig3, 3 or mass_balance)
 
@@ -25,6 +25,7 @@ FIGURES = (
     "fig4_measured",
     "fig5_monte_carlo",
     "fig6_verify",
+    "fig7_methods",
 )
 
 

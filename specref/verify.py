@@ -217,6 +217,8 @@ def matrix() -> list[Scenario]:
     scenarios += edge_cases()
     scenarios += transformer_scenarios()
     scenarios += tree_scenarios()
+    scenarios += heads_scenarios()
+    scenarios += retrieval_scenarios()
     return scenarios
 
 
@@ -385,6 +387,83 @@ def tree_scenarios() -> list[Scenario]:
             out.append(tree_law(bug.name, t4, d4, "topk", "pointmass", (2, 2), 3, kind="control",
                                 config=REORDER_CONFIG, target_row=bug.fn, quick=True))
     return out
+
+
+def heads_scenarios() -> list[Scenario]:
+    """Decoders that draft from heads (SPEC §16): Medusa's point-mass law against the target law (rational,
+    TV == 0) and blockwise parallel decoding against greedy decoding, a verification slip of
+    :mod:`specref.verification.zoo.drafting` as a control, Medusa's typical acceptance reported."""
+    from specref.decoding.blockwise import blockwise_transition, window_key
+    from specref.decoding.medusa import cartesian_choices, medusa_transition
+    from specref.verification.zoo.drafting import DRAFTING_ZOO
+    from toy_models.heads import RolledHeads
+    from toy_models.ngram import NGramModel
+
+    target = NGramModel.random(order=2, vocab_size=4, seed=7).exact
+    heads = RolledHeads(target, 3, window=1)
+    prompt, key = [0, 1], window_key([0, 1], 1)
+
+    def medusa_row(name, kind, make, quick):
+        def run():
+            iteration = make(target, heads, prompt, choices=cartesian_choices([2, 2]), max_new_tokens=4,
+                             config=SamplingConfig())
+            got = law_iterated((), iteration, key=key)
+            c = compare(got, target_law(target, prompt, SamplingConfig(), 4))
+            return {"tv": c.tv, "n_outputs": c.n_outputs, "paths": got.paths, "states": got.states, "exact": c.exact}
+        return Scenario(name, kind, run, quick)
+
+    def blockwise_run():
+        got = law_iterated((), blockwise_transition(target, heads, prompt, k=3, max_new_tokens=8), key=key)
+        c = compare(got, target_law(target, prompt, GREEDY, 8))
+        return {"tv": c.tv, "n_outputs": c.n_outputs, "paths": got.paths, "states": got.states, "exact": c.exact}
+
+    return [
+        medusa_row("medusa point mass tree [2, 2] table2-V4 T1 n=4", "correct", medusa_transition, True),
+        Scenario("blockwise parallel decoding k=3 table2-V4 greedy n=8", "correct", blockwise_run, True),
+        medusa_row("control medusa node_judged_by_parent_row (drafting zoo) table2-V4 T1 n=4", "control",
+                   DRAFTING_ZOO["node_judged_by_parent_row"].transition, True),
+        medusa_row("approximate medusa typical acceptance eps=0.09 delta=0.3 table2-V4 T1 n=4", "approximate",
+                   DRAFTING_ZOO["typical"].transition, False),
+    ]
+
+
+def retrieval_scenarios() -> list[Scenario]:
+    """Lookahead decoding and REST (SPEC §16.3, §16.4): each method's exact law against the target
+    law (rational rows, TV == 0), REST's published sampling rule (approximate: its exact TV), and a
+    lookahead slip of :mod:`specref.verification.zoo.retrieval` as a control."""
+    from specref.decoding.lookahead import lookahead_transition
+    from specref.decoding.rest import RestDatastore, rest_transition
+    from specref.verification.zoo.retrieval import RETRIEVAL_ZOO
+    from toy_models.ngram import NGramModel, random_table_corpus
+
+    prompt = [0, 1, 2, 0, 1]
+    table = NGramModel.random(order=2, vocab_size=3, seed=7).exact
+    docs = random_table_corpus(3, 12, 30, seed=5)
+    fitted = NGramModel.fit(docs, order=2, vocab_size=3, add_k=1).exact
+    store = RestDatastore([t for d in docs for t in d])
+
+    def row(name, kind, target, make, n, quick):
+        def run():
+            got = law_iterated((), make())
+            c = compare(got, target_law(target, prompt, SamplingConfig(), n))
+            return {"tv": c.tv, "n_outputs": c.n_outputs, "paths": got.paths, "states": got.states, "exact": c.exact}
+        return Scenario(name, kind, run, quick)
+
+    def lookahead(fn=lookahead_transition, **extra):
+        return lambda: fn(table, prompt, window=2, ngram=3, guesses=2, max_new_tokens=4, pool_from_prompt=True,
+                          **extra)
+
+    def rest(verify):
+        return lambda: rest_transition(fitted, prompt, store, max_new_tokens=4, num_draft=4, length=3, verify=verify)
+
+    return [
+        row("lookahead W=2 N=3 G=2 published rule n=4", "correct", table, lookahead(), 4, True),
+        row("REST pointmass num_draft=4 length=3 n=4", "correct", fitted, rest("pointmass"), 4, True),
+        row("approximate REST published rule num_draft=4 length=3 n=4", "approximate", fitted, rest("rest"), 4,
+            False),
+        row("control lookahead_resample_from_p W=2 N=3 G=2 n=4", "control", table,
+            lookahead(RETRIEVAL_ZOO["lookahead_resample_from_p"].transition), 4, True),
+    ]
 
 
 def config_name(config: SamplingConfig) -> str:

@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 pytest.importorskip("matplotlib")
 
-from figures import fig4_measured, fig6_verify  # noqa: E402
+from figures import fig4_measured, fig6_verify, fig7_methods  # noqa: E402
 from figures.__main__ import FIGURES
 from figures.__main__ import main as figures_main  # noqa: E402
 from figures.__main__ import resolve
@@ -184,3 +184,24 @@ def test_matplotlib_is_imported_by_the_figure_scripts_only():
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, timeout=120)
+
+
+def test_figure7_plots_the_records_and_says_when_one_is_missing(tmp_path):
+    """Every point of figure 7 is 1 / calls_per_token of its record's row (the records' other field, a
+    second route), and a missing record is a placeholder naming the command that makes it."""
+    fig7_methods.main(tmp_path)
+    data = _json(tmp_path, "fig7_methods")
+    heads = json.loads(fig7_methods.HEADS.read_text())
+    retrieval = json.loads(fig7_methods.RETRIEVAL.read_text())
+    ks, tokens = data["heads"]["blockwise"]
+    want = {r["k"]: 1 / r["blockwise_calls_per_token"] for r in heads["greedy"]}
+    assert ks and all(abs(t - want[k]) < 1e-9 for k, t in zip(ks, tokens))
+    sizes, tokens = data["retrieval"]["rest_pointmass"]
+    length = data["retrieval"]["rest_length"]
+    want = {r["num_draft"]: 1 / r["calls_per_token_float"] for r in retrieval["exact"]["rest"]
+            if r["verify"] == "pointmass" and r["length"] == length}
+    assert sizes and all(abs(t - want[n]) < 1e-9 for n, t in zip(sizes, tokens))
+    fig7_methods.main(tmp_path / "missing", heads_path=tmp_path / "none.json")
+    missing = _json(tmp_path / "missing", "fig7_methods")
+    assert missing["heads"] is None and missing["retrieval"] is not None
+    assert missing["hints"]["heads"] == "run python benchmarks/methods_heads.py"
