@@ -412,14 +412,16 @@ def heads_scenarios() -> list[Scenario]:
             return {"tv": c.tv, "n_outputs": c.n_outputs, "paths": got.paths, "states": got.states, "exact": c.exact}
         return Scenario(name, kind, run, quick)
 
-    def blockwise_run():
-        got = law_iterated((), blockwise_transition(target, heads, prompt, k=3, max_new_tokens=8), key=key)
+    def blockwise_run(make=blockwise_transition):
+        got = law_iterated((), make(target, heads, prompt, k=3, max_new_tokens=8), key=key)
         c = compare(got, target_law(target, prompt, GREEDY, 8))
         return {"tv": c.tv, "n_outputs": c.n_outputs, "paths": got.paths, "states": got.states, "exact": c.exact}
 
     return [
         medusa_row("medusa point mass tree [2, 2] table2-V4 T1 n=4", "correct", medusa_transition, True),
         Scenario("blockwise parallel decoding k=3 table2-V4 greedy n=8", "correct", blockwise_run, True),
+        Scenario("control blockwise emits_rejected_proposal (drafting zoo) k=3 table2-V4 greedy n=8", "control",
+                 partial(blockwise_run, DRAFTING_ZOO["emits_rejected_proposal"].transition), True),
         medusa_row("control medusa node_judged_by_parent_row (drafting zoo) table2-V4 T1 n=4", "control",
                    DRAFTING_ZOO["node_judged_by_parent_row"].transition, True),
         medusa_row("approximate medusa typical acceptance eps=0.09 delta=0.3 table2-V4 T1 n=4", "approximate",
@@ -453,14 +455,16 @@ def retrieval_scenarios() -> list[Scenario]:
         return lambda: fn(table, prompt, window=2, ngram=3, guesses=2, max_new_tokens=4, pool_from_prompt=True,
                           **extra)
 
-    def rest(verify):
-        return lambda: rest_transition(fitted, prompt, store, max_new_tokens=4, num_draft=4, length=3, verify=verify)
+    def rest(verify, fn=rest_transition):
+        return lambda: fn(fitted, prompt, store, max_new_tokens=4, num_draft=4, length=3, verify=verify)
 
     return [
         row("lookahead W=2 N=3 G=2 published rule n=4", "correct", table, lookahead(), 4, True),
         row("REST pointmass num_draft=4 length=3 n=4", "correct", fitted, rest("pointmass"), 4, True),
         row("approximate REST published rule num_draft=4 length=3 n=4", "approximate", fitted, rest("rest"), 4,
             False),
+        row("control REST rest_stale_tree (retrieval zoo) pointmass num_draft=4 length=3 n=4", "control", fitted,
+            rest("pointmass", RETRIEVAL_ZOO["rest_stale_tree"].transition), 4, True),
         row("control lookahead_resample_from_p W=2 N=3 G=2 n=4", "control", table,
             lookahead(RETRIEVAL_ZOO["lookahead_resample_from_p"].transition), 4, True),
     ]
