@@ -17,6 +17,12 @@ imports nothing from specref, only the standard library and vLLM.  It is started
   ``VLLMClientError``: it goes on)
   or fails inside a step (then ``"engine_closed": true`` and the process exits with status 3:
   vLLM 0.32.0 cannot build another engine in a process whose engine failed);
+- ``{"op": "schedule", "requests": [{"name": str, "prompt": [ids], "params": {SamplingParams keywords},
+  "arrive": step, "abort": step or null}, ...], "repetitions": R, "max_steps": S}``: the schedule run R
+  times through vLLM's step-level API (:func:`_schedule`); answers ``{"runs": [{name: {"tokens": [ids],
+  "status": "finished" | "aborted" | "unscheduled", "finish": reason, "preemptions": n, "last": step},
+  ...} per repetition], "steps": [per repetition], "checks": {...}, "preemptions": {"scheduler": n,
+  "metrics": n}, "seconds": s}``; an error as for ``generate``;
 - ``{"op": "probe_expand"}``: the rejection sampler's ``expand_batch_to_tokens`` on three dtypes
   (:func:`_probe_expand`), the kernel-layer reproducer of the finding;
 - ``{"op": "metrics"}``: ``LLM.get_metrics()`` as ``{"metrics": {name: value or [values]}}``
@@ -34,6 +40,7 @@ to standard output) is sent to standard error before vLLM is imported, so the pr
 carries nothing else.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -172,6 +179,121 @@ def _generate(llm, requests) -> dict:
     return {"outputs": outputs, "seconds": time.perf_counter() - t0}
 
 
+class _PreemptionCount:
+    """Counts the scheduler's preemptions while installed: ``Scheduler._preempt_request``
+    (``vllm/v1/core/sched/scheduler.py``) wrapped on the one scheduler instance, put back by :meth:`remove`.
+    ``total`` counts them all; :meth:`take` hands over and clears the count per request."""
+
+    def __init__(self, scheduler):
+        self.scheduler, self.counts, self.total = scheduler, {}, 0
+        shipped = scheduler._preempt_request
+
+        def counted(request, *args, **kwargs):
+            external = request.request_id.rsplit("-", 1)[0]  # vLLM's internal id: the external one, "-", 8 characters
+            self.counts[external] = self.counts.get(external, 0) + 1
+            self.total += 1
+            return shipped(request, *args, **kwargs)
+
+        scheduler._preempt_request = counted
+
+    def remove(self) -> None:
+        del self.scheduler._preempt_request  # the class's own method again
+
+    def take(self) -> dict:
+        counts, self.counts = self.counts, {}
+        return counts
+
+
+def _one_pass(engine, requests, rep: int, tag: str, max_steps: int, count):
+    """One repetition of a schedule on ``engine`` (vLLM's ``LLMEngine``): before engine step ``s``, the
+    requests arriving at ``s`` are added and those to abort at ``s`` aborted; then one ``engine.step()``.
+    Ends when the last event has passed and nothing is unfinished.  Returns ``({name: result}, steps, checks)``.
+
+    A seeded request's repetition ``rep`` gets ``seed + rep`` (independent repetitions, as vLLM's ``n``
+    children get ``seed + i``); an unseeded one draws from the engine's one stream, which runs on from
+    repetition to repetition.  ``checks`` counts outputs for a request after its abort and streamed
+    outputs that do not extend the one before (both 0 for an engine that keeps its stream consistent).
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    ids = {f"{tag}r{rep}:{r['name']}": r["name"] for r in requests}
+    out: dict[str, dict] = {r["name"]: {"tokens": [], "status": "unscheduled", "finish": None, "preemptions": 0,
+                                        "last": None} for r in requests}
+    last_event = max(max(r["arrive"], r["abort"] if r["abort"] is not None else 0) for r in requests)
+    checks = {"after_abort": 0, "inconsistent_stream": 0}
+    step = 0
+    while True:
+        for r in requests:
+            rid, state = f"{tag}r{rep}:{r['name']}", out[r["name"]]
+            if r["arrive"] == step:
+                params = dict(r["params"], n=1)
+                if params.get("seed") is not None:
+                    params["seed"] = int(params["seed"]) + rep
+                engine.add_request(rid, TokensPrompt(prompt_token_ids=r["prompt"]), SamplingParams(**params))
+                state["status"] = "running"
+            if r["abort"] == step and state["status"] == "running":
+                engine.abort_request([rid])
+                state["status"] = "aborted"
+        if step > last_event and not engine.has_unfinished_requests():
+            break
+        if step >= max_steps:
+            raise RuntimeError(f"the schedule did not end within max_steps = {max_steps} engine steps")
+        for o in engine.step():
+            state = out[ids[o.request_id]]
+            tokens = list(o.outputs[0].token_ids)
+            checks["after_abort"] += state["status"] == "aborted"
+            checks["inconsistent_stream"] += tokens[:len(state["tokens"])] != state["tokens"]
+            state.update(tokens=tokens, last=step)
+            if o.finished and state["status"] == "running":
+                state.update(status="finished", finish=str(o.outputs[0].finish_reason))
+        step += 1
+    preempted = count.take()
+    for rid, name in ids.items():
+        out[name]["preemptions"] = preempted.get(rid, 0)
+    return out, step, checks
+
+
+_SCHEDULES = [0]  # schedule calls so far: a prefix that keeps request ids unique across calls
+
+
+def _schedule(llm, command) -> dict:
+    """``{"op": "schedule"}``: the schedule run ``repetitions`` times on ``llm.llm_engine`` (see :func:`_one_pass`).
+
+    Preemptions are counted two ways: the scheduler's own ``_preempt_request`` calls per request
+    (:class:`_PreemptionCount`, on the in-process engine core that ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+    gives) and the engine's counter ``vllm:num_preemptions`` (``LLM.get_metrics()``) before and after.
+    """
+    engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler  # InprocClient -> EngineCore -> Scheduler
+    requests = command["requests"]
+    names = [r["name"] for r in requests]
+    if len(set(names)) != len(names):
+        raise ValueError(f"request names must be distinct, got {names}")
+    _SCHEDULES[0] += 1
+    tag = f"s{_SCHEDULES[0]}"
+    before = _metrics(llm).get("vllm:num_preemptions", 0)
+    count = _PreemptionCount(scheduler)
+    t0 = time.perf_counter()
+    runs, steps, checks = [], [], {"after_abort": 0, "inconsistent_stream": 0}
+    try:
+        for rep in range(int(command["repetitions"])):
+            out, n_steps, c = _one_pass(engine, requests, rep, tag, int(command.get("max_steps", 1000)), count)
+            runs.append(out)
+            steps.append(n_steps)
+            checks = {k: checks[k] + c[k] for k in checks}
+    except Exception:  # a refused request: the engine goes on, without what this pass added
+        with contextlib.suppress(Exception):  # (an engine that failed inside a step is closed anyway)
+            engine.abort_request([f"{tag}r{len(runs)}:{name}" for name in names])
+        raise
+    finally:
+        count.remove()
+    seconds = time.perf_counter() - t0
+    after = _metrics(llm).get("vllm:num_preemptions", 0)
+    return {"runs": runs, "steps": steps, "checks": checks, "seconds": seconds,
+            "preemptions": {"scheduler": count.total, "metrics": after - before}}
+
+
 def _serve(pipe, command, llm):
     """Answer one command other than ``exit``; returns ``(llm, exit status or None to go on)``."""
     from vllm import LLM
@@ -190,6 +312,8 @@ def _serve(pipe, command, llm):
             _answer(pipe, {"error": "RuntimeError", "message": f"{op!r} before an engine was started"})
         elif op == "generate":
             _answer(pipe, _generate(llm, command["requests"]))
+        elif op == "schedule":
+            _answer(pipe, _schedule(llm, command))
         elif op == "probe_expand":
             _answer(pipe, {"probe": _probe_expand()})
         elif op == "metrics":
@@ -198,7 +322,7 @@ def _serve(pipe, command, llm):
             _answer(pipe, {"error": "ValueError", "message": f"unknown op {op!r}"})
     except Exception as e:  # noqa: BLE001 - a refused request is an answer, not the end of the process
         answer = _error(e)
-        if op == "generate" and not _refusal(e):  # the engine failed inside a step: it is
+        if op in ("generate", "schedule") and not _refusal(e):  # the engine failed inside a step: it is
             answer["engine_closed"] = True  # left in an unknown state (vLLM cannot start another engine
             _answer(pipe, answer)  # in this process after that): the process ends
             return llm, 3
