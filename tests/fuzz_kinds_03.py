@@ -1321,14 +1321,17 @@ def probe_declare_ties(fn, ties) -> tuple:
 
 def probe_parse_output(out) -> tuple:
     """The batched parser on an output of a B = 2, K = 1, V = 2 step: the tokens and counts, or
-    ``Misbehaved(INVALID)``; never another exception, and never counts that disagree with the tokens."""
+    ``Misbehaved`` with ``invalid output`` (or ``emits an invalid id``: a placeholder before a real
+    token, an id outside the vocabulary); never another exception, and never counts that disagree
+    with the tokens."""
     from specref.verification.levels.batched.steps import parse_output
 
     x = np.array([[0], [1]])
     try:
         tokens, n = parse_output(out, 2, 1, 2, np.array([1, 1]), x, what="kernel")
     except Misbehaved as m:
-        return ("refused", m.detail) if m.status == "invalid output" else ("crash", f"status {m.status}")
+        refused = m.status in ("invalid output", "emits an invalid id")
+        return ("refused", m.detail) if refused else ("crash", f"status {m.status}")
     except BaseException as e:  # noqa: BLE001
         return "escape", f"parse_output raised {type(e).__name__}: {str(e)[:200]}"
     counts = out[1:] if isinstance(out, tuple) else ()

@@ -271,20 +271,24 @@ def _out(rows):
     return np.array(rows, dtype=np.int64)
 
 
-@pytest.mark.parametrize("out, message", [
-    (_out([[0, -1, 1], [1, -1, -1]]), r"row 0: placeholder at position 1 before the real token"),
-    (_out([[0, 1, 2], [1, 5, -1]]), r"row 1: id 5 at position 1 is outside the vocabulary"),
-    (_out([[0, 1, 2], [-1, -1, -1]]), r"row 1: no token emitted"),
-    (_out([[2, 1, -1], [1, -1, -1]]), r"row 0: accepted position 0 holds 2, not the draft token 0"),
-    (np.zeros((2, 3), dtype=np.float32), r"dtype float32; ids must be integers"),
-    (_out([[0, 1], [1, -1]]), r"shape \(2, 2\); expected \[B, K\+1\] = \[2, 3\]"),
-    ((_out([[0, 1, 2], [1, -1, -1]]), np.array([3, 2])), r"row 1: n_emitted = 2 disagrees with the tokens \(1\)"),
-    ((_out([[0, 1, 2], [1, -1, -1]]), np.array([2, 1]), np.array([3, 1])), r"row 1: n_accepted = 1 disagrees"),
+@pytest.mark.parametrize("out, message, status", [
+    # an id no engine may emit: its own status (SPEC 13.3), "emits an invalid id"
+    (_out([[0, -1, 1], [1, -1, -1]]), r"row 0: placeholder at position 1 before the real token", "emits an invalid id"),
+    (_out([[0, 1, 2], [1, 5, -1]]), r"row 1: id 5 at position 1 is outside the vocabulary", "emits an invalid id"),
+    (_out([[0, 1, 2], [1, -2, -1]]), r"row 1: id -2 at position 1 is outside the vocabulary", "emits an invalid id"),
+    (_out([[0, 1, 2], [-1, -1, -1]]), r"row 1: no token emitted", "invalid output"),
+    (_out([[2, 1, -1], [1, -1, -1]]), r"row 0: accepted position 0 holds 2, not the draft token 0", "invalid output"),
+    (np.zeros((2, 3), dtype=np.float32), r"dtype float32; ids must be integers", "invalid output"),
+    (_out([[0, 1], [1, -1]]), r"shape \(2, 2\); expected \[B, K\+1\] = \[2, 3\]", "invalid output"),
+    ((_out([[0, 1, 2], [1, -1, -1]]), np.array([3, 2])), r"row 1: n_emitted = 2 disagrees with the tokens \(1\)",
+     "invalid output"),
+    ((_out([[0, 1, 2], [1, -1, -1]]), np.array([2, 1]), np.array([3, 1])), r"row 1: n_accepted = 1 disagrees",
+     "invalid output"),
 ])
-def test_malformed_outputs_get_a_status_naming_the_row(out, message):
+def test_malformed_outputs_get_a_status_naming_the_row(out, message, status):
     with pytest.raises(Misbehaved, match=message) as info:
         parse_output(out, 2, 2, 3, np.array([2, 2]), np.array([[0, 1], [1, 2]]))
-    assert info.value.status == "invalid output"
+    assert info.value.status == status
 
 
 def test_malformed_output_is_a_status_in_the_report_not_an_exception():

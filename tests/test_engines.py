@@ -83,20 +83,20 @@ def test_u_zero_accepting_p_zero_is_an_exact_nonzero_tv_on_grid_coins():
     assert law(lambda rng: int(zoo.engine_reference(p, q, rng)[0, 0]), grid=24).get(2, 0) == 0
 
 
-def test_out_of_vocab_id_is_an_invalid_output_naming_the_row():
+def test_out_of_vocab_id_emits_an_invalid_id_naming_the_row():
     report = check("draft_and_verify", zoo.out_of_vocab_id, cases=cases("draft_and_verify", "p-equals-q-row"))
     r = report.results[0]
-    assert r.status == "invalid output" and "row 1" in r.detail and "id 7" in r.detail, str(report)
+    assert r.status == "emits an invalid id" and "row 1" in r.detail and "id 7" in r.detail, str(report)
     (case,) = cases("draft_and_verify", "p-equals-q-row")
     # continuous coins: u = 1 exactly has probability 0, so the bug cannot show
     assert check("draft_and_verify", zoo.out_of_vocab_id, cases=[replace(case, grid=None)]).ok
 
 
-def test_placeholder_indexed_is_an_invalid_output_on_ragged_rows():
+def test_placeholder_indexed_emits_an_invalid_id_on_ragged_rows():
     report = check("batched", zoo.placeholder_indexed, cases=cases("batched", "ragged-rows", "two-rows"))
     by_name = {r.case.name: r for r in report.results}
     ragged, dense = by_name["ragged-rows"], by_name["two-rows"]
-    assert ragged.status == "invalid output" and "row 0" in ragged.detail
+    assert ragged.status == "emits an invalid id" and "row 0" in ragged.detail
     assert dense.ok  # dense rows carry no placeholder: the bug cannot show there
 
 
@@ -417,7 +417,7 @@ _EMPTY = dict(draft_token_ids=np.zeros(0, np.int64), num_draft_tokens=[], max_sp
     (dict(cu_num_draft_tokens=np.array([2.0, 2.0, 3.0])), r"cu_num_draft_tokens must hold integers, got dtype float64"),
     (dict(draft_token_ids=np.array([0.0, 1.0, 2.0])), r"draft_token_ids must hold integers, got dtype float64"),
     (dict(draft_token_ids=np.array([0, 7, 2])), r"draft_token_ids\[1\] = 7 \(request 0\) is out of range for V = 4"),
-    (dict(draft_token_ids=np.array([0, 1, -1])), r"draft_token_ids\[2\] = -1 \(request 2\) is out of range"),
+    (dict(draft_token_ids=np.array([0, 1, -2])), r"draft_token_ids\[2\] = -2 \(request 2\) is out of range"),
     (dict(bonus_token_ids=np.array([[1.0], [2.0], [3.0]])), r"bonus_token_ids must hold integers"),
     (dict(draft_probs=np.array([[0.0, 0.5, 0.5, 0.0], [0.25] * 4, [0.25] * 4])),
      r"draft_token_ids\[0\] = 0 has draft_probs\[0, 0\] = 0: the draft cannot have proposed it"),
@@ -540,11 +540,13 @@ def test_vllm_engine_under_the_level_with_a_torch_stand_in():
 
 
 def test_vllm_engine_refuses_another_call_naming_the_version_read():
+    """The two calls read (``target_logits`` from 0.16.0, ``target_probs`` before) are taken; any other is
+    refused naming the parameters found and the version read."""
     def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                         target_probs, bonus_token_ids, sampling_metadata):
+                         target_scores, bonus_token_ids, sampling_metadata):
         pass
 
-    with pytest.raises(SpecrefError, match=r"target_probs.*vllm 0\.33\.0 \(vllm/v1/sample/rejection_sampler\.py\)"):
+    with pytest.raises(SpecrefError, match=r"target_scores.*vllm 0\.33\.0 \(vllm/v1/sample/rejection_sampler\.py\)"):
         vllm_engine(rejection_sample)
 
     def needs_more(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,

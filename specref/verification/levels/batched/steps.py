@@ -47,9 +47,24 @@ raise (``SystemExit`` included) or never end are ``invalid output`` or a time-ou
 validated on construction (:class:`BatchedCase`); an exact case whose law has more than
 ``max_paths`` outcomes is ``over budget`` before it runs.
 
-Malformed outputs get ``invalid output`` naming the row: a placeholder before a real token, a
-count that disagrees with the tokens, an id outside ``0..V-1``, a row longer than ``k_b + 1``,
-an accepted position that is not the draft token, a wrong dtype or shape.
+Malformed outputs get a status naming the row: ``emits an invalid id`` for an id no engine may
+emit -- a placeholder before a real token, an id outside ``0..V-1``, an accepted position whose
+draft is a placeholder; ``invalid output`` for the rest -- a count that disagrees with the tokens,
+a row longer than ``k_b + 1``, an accepted position that is not the draft token, no token, a wrong
+dtype or shape.
+
+Per-request fields (SPEC §11.8, the ``vllm`` level's callers): a case may say which requests are
+greedy (``BatchedCase.greedy``: their law is the chain rule on one-hot rows at the target's argmax,
+while the implementation is handed the real rows), which are seeded (``seeded``: drawn from a
+generator of their own), and which carry placeholder drafts (``padded``: -1 in the last of their
+``k_b`` draft positions; the law cuts the row at its first placeholder, the token there drawn from
+the target row there).  :func:`law_case` is the plain case with that law.  Such a case is run only
+with a step_fn that declares ``specref_requests = True``: it is called with the keyword
+``requests=`` (:class:`Requests`), which carries the flags explicitly -- never guessed from the rows.
+In statistical mode a case with seeded requests is first probed for seeded reproducibility (the
+same call with the global generator seeded otherwise must give every seeded request the same
+tokens, else ``bad rng use``).  ``BatchedCase.statistical_only`` cases (float rows at a real
+vocabulary, beyond enumeration) are left out of exact checks; ``BatchedCase.samples`` fixes N.
 """
 
 from __future__ import annotations
@@ -74,12 +89,16 @@ from specref.verification.laws.enumeration import compare, law
 from specref.verification.levels.runner import PILOT, run_cases, samples_in_budget
 from specref.verification.running.level import CasePlan, Level, Option, fixed_reference
 from specref.verification.running.progress import progress_bar
-from specref.verification.running.report import DIFFERS, INVALID, OK, WRITES, CaseResult, Report, Settings, law_verdict
+from specref.verification.running.report import (DIFFERS, EMITS_INVALID, INVALID, OK, RNG_MISUSE, WRITES, CaseResult,
+                                                 Report, Settings, law_verdict)
 from specref.verification.statistics.shards import BLOCK, Sampler, calls_for, tally, tally_blocks, timed_calls
 from specref.verification.statistics.counts import PLAN_POWER, compare_counts, planned_n, planned_power
 
 __all__ = [
     "BatchedCase",
+    "Requests",
+    "law_case",
+    "takes_requests",
     "row_law",
     "parse_output",
     "statistics_nulls",
@@ -94,6 +113,7 @@ _PAIR_BUCKETS = 4  # buckets of the rejected draft and of the residual draw
 _HASH_BUCKETS = 16  # seeded hash buckets of (position, token)
 _OUTSIDE = 1e-9  # residual mass at most this times the row's largest counts as outside its support
 MAX_SAMPLES = 2_000_000  # statistical mode: N per row is capped here
+SEEDED_PROBE_COPIES = 64  # statistical mode: copies of a case's rows in each call of the seeded-reproducibility probe
 
 
 @dataclass(frozen=True)
@@ -104,12 +124,21 @@ class BatchedCase:
     ``q_draft = None`` hands the implementation point-mass drafts drawn from ``proposal``.
     ``num_draft`` (per-row ``k_b``) makes rows ragged.
 
+    Per-request fields (SPEC §11.8; run only with a step_fn that declares ``specref_requests``,
+    :class:`Requests`): ``greedy`` (B bools: True for a greedy request, whose law is the chain
+    rule on one-hot rows at the target's argmax -- :func:`law_case`; its rows 0..k_b must have a
+    unique argmax, in float32 too), ``seeded`` (B bools: True for a request with a generator of
+    its own) and ``padded`` (B counts: row ``b``'s last ``padded[b]`` of its ``k_b`` drafts are
+    placeholders -1, with point-mass drafts only).  ``samples``: statistical mode's N per row
+    when the check sets none.  ``statistical_only``: an exact check leaves the case out (float
+    rows at a vocabulary no enumeration covers).
+
     Validated on construction, each error a SpecrefError naming the field and the value: every
     row a distribution (Fraction rows summing to exactly 1, float rows finite, non-negative and
     summing to 1 within ``row_tolerance(float32, V)``), the shapes, ``num_draft`` (B counts in
     ``0..K``), ``grid`` (None or an int in 1..64), ``array``, ``dtype``, ``memory_budget`` (a
     positive int) and ``device`` (a torch device name, with ``array="torch"``; whether it exists
-    is checked when a statistical check starts).
+    is checked when a statistical check starts), and the per-request fields above.
     """
 
     name: str
@@ -122,6 +151,11 @@ class BatchedCase:
     dtype: str = "float32"  # statistical mode: the rows' dtype ("float32" or "float64")
     memory_budget: int = MEMORY_BUDGET  # statistical mode: bytes of input rows per call
     device: str | None = None  # statistical mode, torch arrays: the device they are put on ("cuda")
+    greedy: tuple | None = None  # per request: True -> greedy (law: one-hot rows at the argmax)
+    seeded: tuple | None = None  # per request: True -> drawn from a generator of its own
+    padded: tuple | None = None  # per request: its last padded[b] of k_b drafts are placeholders (-1)
+    samples: int | None = None  # statistical mode: N per row when the check sets no samples
+    statistical_only: bool = False  # an exact check leaves the case out (float rows beyond enumeration)
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -148,6 +182,7 @@ class BatchedCase:
         if self.device is not None and (not isinstance(self.device, str) or not self.device or self.array != "torch"):
             raise SpecrefError(f"{where}: device is a torch device name (with array='torch'), got {self.device!r:.80} "
                                f"with array={self.array!r}")
+        _case_requests(self, where)
 
     @property
     def shape(self):
@@ -177,8 +212,10 @@ class BatchedCase:
 
     def __repr__(self):
         B, K1, V = self.shape
+        more = "".join(f", {name}={getattr(self, name)}" for name in ("greedy", "seeded", "padded", "samples")
+                       if getattr(self, name) is not None) + (", statistical_only=True" if self.statistical_only else "")
         return (f"BatchedCase({self.name!r}, B={B}, K={K1 - 1}, V={V}, point_mass={self.q_draft is None}, "
-                f"num_draft={self.num_draft}, grid={self.grid})")
+                f"num_draft={self.num_draft}, grid={self.grid}{more})")
 
 
 def _case_rows(where, name, rows, shape=None, *, like=None):
@@ -243,7 +280,136 @@ def _case_num_draft(where, num_draft, B, K) -> tuple:
     return tuple(int(c) for c in counts)
 
 
-def _validate_case(level: str, case, settings=None):
+def _case_flags(where, name, flags, B) -> tuple | None:
+    """``greedy`` or ``seeded``: None, or B bools (a tuple, list or 1-D array), one per request."""
+    if flags is None:
+        return None
+    if isinstance(flags, np.ndarray):
+        flags = flags.tolist() if flags.ndim == 1 else flags
+    if not isinstance(flags, (tuple, list)) or len(flags) != B:
+        raise SpecrefError(f"{where}: {name} must be None or B = {B} bools, one per request, got {flags!r:.80}")
+    for b, v in enumerate(flags):
+        if not isinstance(v, (bool, np.bool_)):
+            raise SpecrefError(f"{where}: {name}[{b}] = {v!r:.40} is not a bool (a {type(v).__name__}); {name} holds "
+                               f"B = {B} bools, one per request")
+    return tuple(bool(v) for v in flags)
+
+
+def _case_requests(case, where):
+    """Validate (and normalise) a case's per-request fields, ``samples`` and ``statistical_only``."""
+    B, K1, V = case.p_target.shape
+    for name in ("greedy", "seeded"):
+        object.__setattr__(case, name, _case_flags(where, name, getattr(case, name), B))
+    k = case.k
+    if case.padded is not None:
+        pad = case.padded
+        items = pad.tolist() if isinstance(pad, np.ndarray) else pad
+        if not isinstance(items, (tuple, list)) or len(items) != B or any(
+                isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)) or not 0 <= c <= k[b]
+                for b, c in enumerate(items)):
+            raise SpecrefError(f"{where}: padded must be None or B = {B} counts, padded[b] in 0..k_b "
+                               f"(k = {k.tolist()}), got {pad!r:.80}")
+        if case.q_draft is not None:
+            raise SpecrefError(f"{where}: padded = {tuple(items)} needs point-mass drafts (q_draft = None): "
+                               "placeholder drafts come without draft probabilities, as vLLM's padded drafter lays "
+                               "them out")
+        object.__setattr__(case, "padded", tuple(int(c) for c in items))
+    n = case.samples
+    if n is not None and (isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1):
+        raise SpecrefError(f"{where}: samples must be None or a positive int (N per row), got {n!r:.80}")
+    if not isinstance(case.statistical_only, (bool, np.bool_)):
+        raise SpecrefError(f"{where}: statistical_only must be a bool, got {case.statistical_only!r:.80}")
+    object.__setattr__(case, "statistical_only", bool(case.statistical_only))
+    if case.greedy is not None:
+        cut = k - (0 if case.padded is None else np.array(case.padded))
+        for b in np.flatnonzero(case.greedy):
+            for i in range(int(cut[b]) + 1):
+                _unique_argmax(where, case.p_target[b, i], b, i)
+
+
+def _unique_argmax(where, row, b, i) -> int:
+    """The argmax of a greedy request's row; SpecrefError on a tie (exact, float64 or float32 log)."""
+    if row.dtype == object:
+        top = max(row)
+        ties = [j for j, v in enumerate(row) if v == top]
+        shown = str(top)
+    else:
+        r64 = row.astype(np.float64)
+        with np.errstate(divide="ignore"):
+            z32 = np.log(row.astype(np.float32))
+        order = np.argsort(-r64, kind="stable")
+        ties = [int(order[0])] + [int(j) for j in order[1:2] if r64[j] == r64[order[0]] or z32[j] == z32[order[0]]]
+        shown = repr(float(r64[order[0]]))
+    if len(ties) > 1:
+        raise SpecrefError(f"{where}: greedy[{b}] is True, but p_target[{b}, {i}] has a tied argmax (tokens "
+                           f"{ties[0]} and {ties[1]}, each {shown}): a greedy request needs a unique argmax (an engine "
+                           "breaks ties its own way, so the law would be a guess)")
+    return ties[0]
+
+
+def law_case(case: BatchedCase) -> BatchedCase:
+    """The plain batched case whose law (§11.7) is ``case``'s (SPEC §11.8); ``case`` itself without
+    greedy or padded requests.
+
+    A padded request is cut at its first placeholder: ``k_b - padded_b`` drafts, and the target
+    row at the placeholder as its last row (the token there is drawn from it: vLLM rejects a
+    placeholder draft and draws from the target row, nothing to remove).  A greedy request's rows
+    ``0..k_b`` (after the cut) are one-hot at their argmax: the chain rule on them accepts a
+    draft exactly when it is the argmax and emits the argmax at the first mismatch, or the bonus
+    (the bonus row's argmax).  ``seeded`` does not change the law.
+    """
+    if case.greedy is None and case.padded is None:
+        return case
+    k = case.k - (0 if case.padded is None else np.array(case.padded, dtype=np.int64))
+    p = case.p_target.copy()
+    zero, one = (Fraction(0), Fraction(1)) if case.exact else (0.0, 1.0)
+    for b in np.flatnonzero(case.greedy or ()):
+        for i in range(int(k[b]) + 1):
+            top = _unique_argmax(f"BatchedCase {case.name!r}", p[b, i], b, i)
+            p[b, i] = zero
+            p[b, i, top] = one
+    return replace(case, p_target=p, num_draft=tuple(int(n) for n in k), greedy=None, seeded=None, padded=None)
+
+
+def takes_requests(fn) -> bool:
+    """Whether ``fn`` declares ``specref_requests = True``: it is then called with ``requests=``
+    (:class:`Requests`).  An attribute that cannot be read declares nothing."""
+    try:
+        return getattr(fn, "specref_requests", False) is True
+    except Exception:  # noqa: BLE001 - a hostile __getattr__ declares nothing
+        return False
+
+
+@dataclass(frozen=True)
+class Requests:
+    """A call's per-request fields, handed as the keyword ``requests=`` to a step_fn that declares
+    ``specref_requests = True`` (SPEC §11.8; the ``vllm`` level's adapter does), one entry per row.
+
+    ``num_draft``: each row's ``k_b`` with its placeholder drafts counted (``draft_tokens`` holds -1
+    from a row's first placeholder on, so the counts cannot be read off it); ``greedy``; ``seeded``
+    (None where the case says nothing); ``global_draw``: which seed the call's global generator
+    gets -- 0, and 1 in the seeded-reproducibility probe's second call.
+    """
+
+    num_draft: tuple
+    greedy: tuple
+    seeded: tuple | None = None
+    global_draw: int = 0
+
+
+def _requests(case: BatchedCase, copies: int, global_draw: int = 0) -> Requests:
+    """The case's per-request fields for a call on ``copies`` tiled copies of its rows."""
+    B = case.shape[0]
+    greedy = case.greedy or (False,) * B
+    return Requests(tuple(int(n) for n in np.tile(case.k, copies)), greedy * copies,
+                    None if case.seeded is None else case.seeded * copies, global_draw)
+
+
+def _has_requests(case) -> bool:
+    return any(getattr(case, name, None) is not None for name in ("greedy", "seeded", "padded"))
+
+
+def _validate_case(level: str, case, settings=None, takes: bool | None = None):
     if not isinstance(case, BatchedCase):
         raise SpecrefError(f"cases of the {level} level must be BatchedCase objects, got {case!r:.200}")
     B, K1, V = case.shape
@@ -253,7 +419,13 @@ def _validate_case(level: str, case, settings=None):
         if case.proposal is None:
             raise SpecrefError(f"case {case.name!r}: q_draft is None (point-mass drafts), so a proposal "
                                f"[B, K, V] = [{B}, {K1 - 1}, {V}] is needed")
-    if settings is not None and settings.mode == "exact" and not case.exact:
+    if _has_requests(case) and (level == "draft_and_verify" or takes is False):
+        why = ("the draft_and_verify level takes none" if level == "draft_and_verify" else
+               "only a step_fn that declares specref_requests = True is handed them (the vllm level's adapter does); "
+               "judged without them it would be held to a law it was not told")
+        raise SpecrefError(f"case {case.name!r} sets per-request fields (greedy={case.greedy}, seeded={case.seeded}, "
+                           f"padded={case.padded}): {why}")
+    if settings is not None and settings.mode == "exact" and not case.exact and not case.statistical_only:
         raise SpecrefError(f"case {case.name!r}: exact mode needs Fraction rows (object arrays)")
     if settings is not None and settings.mode == "statistical" and case.array == "torch":
         _check_torch_device(case)
@@ -327,8 +499,10 @@ def _residual(p_i, q_i, x):
 def row_law(case: BatchedCase, b: int, *, with_drafts: bool = True) -> dict:
     """Exact law of row ``b``: ``{(drafts, emitted): P}`` (or ``{emitted: P}``), by the chain rule.
 
-    Enumerates the ``V^k_b`` draft tuples; for small cases only (exact mode).
+    Enumerates the ``V^k_b`` draft tuples; for small cases only (exact mode).  A case with greedy or
+    padded requests is judged by :func:`law_case`'s rows (its draft tuples stop at the first placeholder).
     """
+    case = law_case(case)
     p, q, d = _row_parts(case, b)
     k, V = int(case.k[b]), case.vocab_size
     out: dict = {}
@@ -370,7 +544,12 @@ def parse_output(out, B, K, V, k, drafts=None, *, placeholder=PLACEHOLDER, what=
     """Validate a batched output; host ``(tokens [B, K+1] int64, n_emitted [B])`` or ``Misbehaved``.
 
     ``out``: ``[B, K+1]`` ids, or ``(tokens, n_emitted)``, or ``(tokens, n_accepted, n_emitted)``,
-    any array backend.  ``drafts`` [B, K]: the accepted positions must hold them.  Everything that
+    any array backend.  ``drafts`` [B, K]: the accepted positions must hold them; ``k`` [B]: each
+    row's drafts, placeholder drafts counted.  An id no engine may emit is ``emits an invalid id``
+    (SPEC §13.3): the placeholder before a real token, an id outside ``0..V-1``, or an accepted
+    position whose draft is the placeholder (a padded position taken as a draft); every other
+    malformation (dtype, shape, no token, too many tokens, an accepted position that is not its
+    draft, counts) is ``invalid output``.  Everything that
     touches ``out`` (``.cpu()``, ``__array__``, ``len``, indexing) runs under
     :func:`~specref.verification.running.calling.foreign`: whatever it raises, ``SystemExit``
     included, is ``invalid output``; the levels run this parser inside the guarded call (``convert``),
@@ -384,33 +563,7 @@ def parse_output(out, B, K, V, k, drafts=None, *, placeholder=PLACEHOLDER, what=
     if tokens.shape != (B, K + 1):
         raise Misbehaved(INVALID, f"{what} returned shape {tuple(tokens.shape)}; expected [B, K+1] = [{B}, {K + 1}]")
     tokens = tokens.astype(np.int64)
-    real = tokens != placeholder
-    gap = real[:, 1:] & ~real[:, :-1]
-    if gap.any():
-        b, j = map(int, np.argwhere(gap)[0])
-        raise Misbehaved(INVALID, f"row {b}: placeholder at position {j} before the real token "
-                                  f"{tokens[b, j + 1]} at position {j + 1}: {tokens[b].tolist()}")
-    bad = real & ((tokens < 0) | (tokens >= V))
-    if bad.any():
-        b, j = map(int, np.argwhere(bad)[0])
-        raise Misbehaved(INVALID, f"row {b}: id {tokens[b, j]} at position {j} is outside the vocabulary "
-                                  f"0..{V - 1}: {tokens[b].tolist()}")
-    n = real.sum(axis=1)
-    if (n == 0).any():
-        b = int(np.argmax(n == 0))
-        raise Misbehaved(INVALID, f"row {b}: no token emitted (every step emits at least one)")
-    long = n > k + 1
-    if long.any():
-        b = int(np.argmax(long))
-        raise Misbehaved(INVALID, f"row {b}: {n[b]} tokens emitted, but the row has {k[b]} drafts "
-                                  f"(at most {k[b] + 1}): {tokens[b].tolist()}")
-    if drafts is not None and K:
-        accepted = np.arange(K)[None, :] < (n - 1)[:, None]
-        wrong = accepted & (tokens[:, :K] != drafts)
-        if wrong.any():
-            b, j = map(int, np.argwhere(wrong)[0])
-            raise Misbehaved(INVALID, f"row {b}: accepted position {j} holds {tokens[b, j]}, not the draft "
-                                      f"token {drafts[b, j]}")
+    n = _checked_tokens(tokens, K, V, k, drafts, placeholder)
     names = ("n_emitted",) if len(counts) == 1 else ("n_accepted", "n_emitted")
     for name, c in zip(names, counts):
         if c.dtype.kind not in "iuf":
@@ -424,6 +577,45 @@ def parse_output(out, B, K, V, k, drafts=None, *, placeholder=PLACEHOLDER, what=
             raise Misbehaved(INVALID, f"row {b}: {name} = {got} disagrees with the tokens "
                                       f"({int(want[b])}): {tokens[b].tolist()}")
     return tokens, n
+
+
+def _checked_tokens(tokens, K, V, k, drafts, placeholder) -> np.ndarray:
+    """``parse_output``'s checks of the ids (``emits an invalid id``, then ``invalid output``): the tokens
+    each row emits.  # [B, K+1] int64 -> [B]"""
+    real = tokens != placeholder
+    gap = real[:, 1:] & ~real[:, :-1]
+    if gap.any():
+        b, j = map(int, np.argwhere(gap)[0])
+        raise Misbehaved(EMITS_INVALID, f"row {b}: placeholder at position {j} before the real token "
+                                        f"{tokens[b, j + 1]} at position {j + 1}: {tokens[b].tolist()}")
+    bad = real & ((tokens < 0) | (tokens >= V))
+    if bad.any():
+        b, j = map(int, np.argwhere(bad)[0])
+        raise Misbehaved(EMITS_INVALID, f"row {b}: id {tokens[b, j]} at position {j} is outside the vocabulary "
+                                        f"0..{V - 1}: {tokens[b].tolist()}")
+    n = real.sum(axis=1)
+    if (n == 0).any():
+        b = int(np.argmax(n == 0))
+        raise Misbehaved(INVALID, f"row {b}: no token emitted (every step emits at least one)")
+    long = n > k + 1
+    if long.any():
+        b = int(np.argmax(long))
+        raise Misbehaved(INVALID, f"row {b}: {n[b]} tokens emitted, but the row has {k[b]} drafts "
+                                  f"(at most {k[b] + 1}): {tokens[b].tolist()}")
+    if drafts is not None and K:
+        accepted = np.arange(K)[None, :] < (n - 1)[:, None]
+        padded = accepted & (drafts == placeholder)
+        if padded.any():
+            b, j = map(int, np.argwhere(padded)[0])
+            raise Misbehaved(EMITS_INVALID, f"row {b}: accepted position {j}, whose draft is the placeholder "
+                                            f"{placeholder} (a padded position, rejected by rule), and emitted "
+                                            f"{tokens[b, j]} there: {tokens[b].tolist()}")
+        wrong = accepted & (tokens[:, :K] != drafts)
+        if wrong.any():
+            b, j = map(int, np.argwhere(wrong)[0])
+            raise Misbehaved(INVALID, f"row {b}: accepted position {j} holds {tokens[b, j]}, not the draft "
+                                      f"token {drafts[b, j]}")
+    return n
 
 
 def _host_output(out):
@@ -487,25 +679,30 @@ def _expected_law(case, with_drafts, max_paths):
 
 def _exact_case(level, fn, case, settings):
     """Every path of the case enumerated: each call gets read-only copies of the rows and the drafts,
-    and its output is parsed inside the guarded call against the oracle's own drafts."""
+    and its output is parsed inside the guarded call against the oracle's own drafts.  The expected
+    law is :func:`law_case`'s; the implementation gets the case's own rows (and ``requests=`` when it
+    takes them), its placeholder drafts as -1."""
     B, K1, V = case.shape
     K, k = K1 - 1, case.k
+    lc = law_case(case)
+    lk = lc.k  # drafts the oracle draws: up to each row's first placeholder
     with_drafts = level == "batched"
-    expected = _expected_law(case, with_drafts, settings.max_paths)
+    expected = _expected_law(lc, with_drafts, settings.max_paths)
     p_in, q_in = _read_only(case.p_target), _read_only(case.q_draft)  # the same every call: read-only
+    kwargs = {"requests": _requests(case, 1)} if takes_requests(fn) else {}
 
     def program(rng):
         if with_drafts:
-            x = _draft_input(_draw_drafts_exact(rng, case), k)
+            x = _draft_input(_draw_drafts_exact(rng, lc), lk)
             args = (p_in, q_in, _read_only(x), rng)
         else:
             x = None
             args = (p_in, q_in, rng)
-        tokens, n = call(fn, args, {}, settings.time_limit, read_only=True,
+        tokens, n = call(fn, args, kwargs, settings.time_limit, read_only=True,
                          convert=lambda out: parse_output(out, B, K, V, k, x))
         rows = tuple(tuple(int(t) for t in tokens[b, :n[b]]) for b in range(B))
         if with_drafts:
-            rows = tuple((tuple(int(t) for t in x[b, :k[b]]), rows[b]) for b in range(B))
+            rows = tuple((tuple(int(t) for t in x[b, :lk[b]]), rows[b]) for b in range(B))
         return rows
 
     got = law(program, grid=case.grid, max_paths=settings.max_paths)
@@ -578,8 +775,9 @@ class _Stat:
 
 
 def statistics_nulls(case: BatchedCase, level: str, *, salt: int = 0) -> list:
-    """The low-dimensional statistics of a case and their exact laws (float64, from the closed form)."""
-    f = case.as_float()
+    """The low-dimensional statistics of a case and their exact laws (float64, from the closed form of
+    :func:`law_case`'s rows)."""
+    f = law_case(case).as_float()
     B, K1, V = f.shape
     stats = []
     lengths = []
@@ -768,8 +966,8 @@ def _statistical_case(level, fn, case, settings, seed):
     m = len(stats)
     level_alpha = settings.alpha / m
     outcomes = tuple((j, c) for j, s in enumerate(stats) for c in range(len(s.null)))  # each statistic's bins in turn
-    if settings.samples:
-        n_rows = settings.samples
+    if settings.samples or case.samples:
+        n_rows = settings.samples or case.samples
     elif settings.budget_s is not None:  # a timed pilot of one call of PILOT copies, then what the budget buys
         pilot = _Recipe(level, fn, case, settings.time_limit, seed, _copies_per_call(case, PILOT))
         n_rows = samples_in_budget(lambda m: tally(pilot, outcomes, m, seed),
@@ -777,6 +975,7 @@ def _statistical_case(level, fn, case, settings, seed):
     else:
         n_rows = planned_rows(stats, settings)
     recipe = _Recipe(level, fn, case, settings.time_limit, seed, _copies_per_call(case, n_rows))
+    recipe().seeded_probe(seed)  # a Misbehaved here is the case's status
     here = time.perf_counter() - started
     with progress_bar(n_rows, case.name, enabled=settings.progress) as bar:
         t = tally(recipe, outcomes, n_rows, seed, executor=settings.executor, shard_blocks=settings.shard_blocks,
@@ -817,12 +1016,14 @@ def _copies_per_call(case, n_rows):
     return int(max(1, min(BLOCK, n_rows, case.memory_budget // max(bytes_per_copy, 1))))
 
 
-def planned_rows(stats, settings: Settings) -> int:
-    """N rows a statistical check of a case plans: ``settings.samples`` when given, else the largest N
-    any statistic with two or more possible categories needs at ``alpha / len(stats)`` (at most
-    :data:`MAX_SAMPLES`)."""
+def planned_rows(stats, settings: Settings, samples: int | None = None) -> int:
+    """N rows a statistical check of a case plans: ``settings.samples`` when given, else the case's
+    own ``samples``, else the largest N any statistic with two or more possible categories needs at
+    ``alpha / len(stats)`` (at most :data:`MAX_SAMPLES`)."""
     if settings.samples:
         return settings.samples
+    if samples:
+        return int(samples)
     alpha = settings.alpha / len(stats)
     return min(MAX_SAMPLES, max(planned_n(settings, _plan_null(s.null), alpha=alpha)
                                 for s in stats if (s.null > 0).sum() >= 2))
@@ -859,6 +1060,8 @@ class _Runner(Sampler):
         f = case.as_float()
         self.B, K1, self.V = f.shape
         self.K, self.k, self.case, self.copies = K1 - 1, f.k, case, recipe.copies
+        self.lk = law_case(case).k  # drafts the oracle draws: up to each row's first placeholder
+        self.requests = _requests(case, recipe.copies) if takes_requests(self.fn) else None
         self.per_call = recipe.copies
         self.stats = statistics_nulls(f, self.level, salt=recipe.salt)
         tile = lambda a: _as_array(np.tile(a, (self.copies, 1, 1)), case.array, case.dtype, case.device)  # noqa: E731
@@ -874,12 +1077,18 @@ class _Runner(Sampler):
 
     def call(self, gen, a: int, b: int) -> list:
         """One call on ``b - a`` copies, drawn from the block's ``gen`` (call seed, then drafts):
-        the counts it adds to each statistic.
+        the counts it adds to each statistic."""
+        tokens, n, x = self.outputs(gen, b - a)
+        return _count(self.stats, tokens, n, x, self.B)
+
+    def outputs(self, gen, size: int, global_draw: int = 0) -> tuple:
+        """One call on ``size`` copies, drawn from ``gen``: ``(tokens, n_emitted, drafts)``, parsed.
 
         The call gets its own copies of the rows and drafts (NumPy: read-only, so a write is the
         status ``writes into its inputs``; torch: a write shows in the tensors' version counters);
-        the oracle counts its own drafts, never what it handed over."""
-        B, K, V, k, size = self.B, self.K, self.V, self.k, b - a
+        the oracle counts its own drafts, never what it handed over.  A step_fn that takes
+        ``requests`` gets them (``global_draw``: the seed of the call's global generator)."""
+        B, K, V, k = self.B, self.K, self.V, self.lk
         rows = B * size
         p_in = _fresh(self.p_in if size == self.copies else self.p_in[:rows])
         q_in = None if self.q_in is None else _fresh(self.q_in if size == self.copies else self.q_in[:rows])
@@ -903,10 +1112,35 @@ class _Runner(Sampler):
 
         def convert(out):
             _untouched(handed, versions)
-            return parse_output(out, rows, K, V, np.tile(k, size), x)
+            return parse_output(out, rows, K, V, np.tile(self.k, size), x)
 
-        tokens, n = call(self.fn, args, {}, self.time_limit, convert=convert, read_only=True)
-        return _count(self.stats, tokens, n, x, B)
+        kwargs = {}
+        if self.requests is not None:
+            kwargs["requests"] = (self.requests if size == self.copies and not global_draw
+                                  else _requests(self.case, size, global_draw))
+        tokens, n = call(self.fn, args, kwargs, self.time_limit, convert=convert, read_only=True)
+        return tokens, n, x
+
+    def seeded_probe(self, seed: int) -> None:
+        """Seeded reproducibility (SPEC §11.8): one call on up to :data:`SEEDED_PROBE_COPIES` copies
+        of the rows, made twice with the same drafts and call seed but the global generator seeded
+        otherwise (``Requests.global_draw`` 0, then 1); every seeded request must emit the same
+        tokens both times (it draws from its own generator only), else ``Misbehaved(bad rng use)``.
+        Nothing to probe without seeded requests or ``requests``."""
+        seeded = self.case.seeded
+        if self.requests is None or not seeded or not any(seeded):
+            return
+        size = min(self.copies, SEEDED_PROBE_COPIES)
+        (t0, n0, _), (t1, n1, _) = (self.outputs(np.random.default_rng([seed, 5]), size, g) for g in (0, 1))
+        rows = np.flatnonzero(np.tile(seeded, size))
+        moved = rows[(t0[rows] != t1[rows]).any(axis=1)]
+        if moved.size:
+            r = int(moved[0])
+            raise Misbehaved(RNG_MISUSE, f"seeded request {r % self.B} (row {r} of a call on {size} copies) emitted "
+                                         f"{t0[r, :n0[r]].tolist()}, and {t1[r, :n1[r]].tolist()} when called again "
+                                         "with the same inputs, drafts and seeds but the global generator seeded "
+                                         "otherwise: a seeded request must draw from its own generator only "
+                                         f"({len(moved)} of {rows.size} seeded rows moved)")
 
 
 class _StatisticsCounter:
@@ -1003,9 +1237,17 @@ def _count(stats, tokens, n, x, B) -> list:
 
 
 def run_batched(level: Level, fn, cases, settings: Settings) -> Report:
-    """Run a batched level on its cases (exact or statistical), through the one runner."""
-
-    return run_cases(level, cases, settings, validate=lambda case: _validate_case(level.name, case, settings), fn=fn,
+    """Run a batched level on its cases (exact or statistical), through the one runner.  In exact mode
+    the ``statistical_only`` cases are left out (SpecrefError when no case is left)."""
+    if settings.mode == "exact":
+        kept = [c for c in cases if getattr(c, "statistical_only", False) is not True]
+        if cases and not kept:
+            raise SpecrefError(f"every case is statistical only ({', '.join(repr(c.name) for c in cases)}: float rows "
+                               "beyond enumeration): check them with mode='statistical'")
+        cases = kept
+    takes = takes_requests(fn)
+    return run_cases(level, cases, settings, validate=lambda case: _validate_case(level.name, case, settings, takes),
+                     fn=fn,
                      exact=lambda case: partial(_exact_case, level.name, fn, case, settings),
                      statistical=lambda case, seed: partial(_statistical_case, level.name, fn, case, settings, seed))
 
@@ -1069,7 +1311,7 @@ def batched_planner(statistics: str, adapted: Callable | None = None) -> Callabl
     def planner(level: Level, fn, case, settings: Settings, seed: int) -> CasePlan:
         if adapted is not None:
             fn, case = adapted(fn, case)
-        n = planned_rows(statistics_nulls(case.as_float(), statistics, salt=seed), settings)
+        n = planned_rows(statistics_nulls(case.as_float(), statistics, salt=seed), settings, case.samples)
         copies = _copies_per_call(case, n)
         recipe = _Recipe(statistics, fn, case, settings.time_limit, seed, copies)
         return CasePlan(None, n, copies, calls_for(n, copies), timer=timed_calls(recipe, seed, copies))
