@@ -7,6 +7,14 @@ other worker idled.  :data:`FIRST` names them, longest first; every other module
 after them.  Nothing is skipped, marked or shortened here: only the order changes.
 """
 
+import os
+
+# One OpenMP thread in every test process (and the engines' subprocesses): the oracle forks a worker per
+# case, and a fork after torch's OpenMP pool has run in the forking process can hang or abort the worker
+# (GNU OpenMP is not fork-safe); modules that call torch in-process and then check isolated ran into it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 FIRST = ("test_vllm_e2e.py", "test_real_engines.py", "test_mrv2_level.py", "test_vllm_sampler.py",
          "test_openai_server.py", "test_fuzz_surfaces.py", "test_docs.py", "test_fuzz.py", "test_fuzz_coins_trees_mrv2.py", "test_mutants.py",
          "test_distributed.py")
