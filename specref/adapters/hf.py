@@ -75,7 +75,6 @@ the ``hf`` extra (``pip install 'specref[hf]'``).
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
 import inspect
 import re
@@ -83,6 +82,7 @@ import textwrap
 
 import numpy as np
 
+from specref.adapters.real_engines.shim import _one_torch_thread
 from specref.core.errors import SpecrefError
 from specref.core.step import check_step_inputs
 
@@ -460,7 +460,7 @@ def hf_coin_kernel(fn=None, *, version: str | None = None, source: str | None = 
         u, fin = np.asarray(uniform_coins, dtype=np.float64), np.asarray(final_coins, dtype=np.float64)
         B, K1, V = p.shape
         out = np.full((B, K1), -1, dtype=np.int64)
-        with _one_thread(torch):
+        with _one_torch_thread():  # rows of a few tokens: the pool costs ~5x
             for b in range(B):
                 kb = int(np.argmax(x[b] == -1)) if (x[b] == -1).any() else K1 - 1
                 drafts = [int(t) for t in x[b, :kb]]
@@ -477,14 +477,3 @@ def hf_coin_kernel(fn=None, *, version: str | None = None, source: str | None = 
 
     kernel.__name__ = f"hf_coin_kernel(transformers {version})"
     return kernel
-
-
-@contextlib.contextmanager
-def _one_thread(torch):
-    """torch's intra-op pool at one thread for the call: rows of a few tokens, where the pool costs ~5x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)

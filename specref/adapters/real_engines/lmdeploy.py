@@ -41,9 +41,9 @@ import typing
 
 import numpy as np
 
-from specref.adapters.hf import _one_thread, _seam_class, check_seam, exact_logits, inverse_cdf
+from specref.adapters.hf import _seam_class, check_seam, exact_logits, inverse_cdf
 from specref.adapters.real_engines.conversions import _logits, _seeds, _statistical_seed
-from specref.adapters.real_engines.shim import EngineShim
+from specref.adapters.real_engines.shim import EngineShim, _one_torch_thread
 from specref.adapters.real_engines.wheels import _LOADED, PINNED, _check_signature, _found_version, _tree
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
@@ -120,7 +120,7 @@ def lmdeploy_engine(cache=None):
         k = np.where((x == -1).any(axis=1), (x == -1).argmax(axis=1), K1 - 1)
         out = np.full((B, K1), -1, dtype=np.int64)
         impl = cls()
-        with torch.random.fork_rng(devices=[]), _one_thread(torch):
+        with torch.random.fork_rng(devices=[]), _one_torch_thread():
             torch.default_generator.manual_seed(int(_seeds(seed, 1, 7)[0]))
             for kb, rows in _groups(k):
                 bonus = torch.multinomial(torch.from_numpy(p[rows, kb]), 1).reshape(-1)  # [n]
@@ -209,7 +209,7 @@ def lmdeploy_coin_kernel(cache=None):
             bonus = torch.tensor([inverse_cdf(torch.from_numpy(np.asarray(p[b, kb], dtype=np.float64)), fin[b])
                                   for b in rows], dtype=torch.long)
             seam = seam_class(_coin_handlers(u[rows, :kb], fin[rows], what), ("rand", "exponential_", "argmax"), what)
-            with _one_thread(torch), seam:
+            with _one_torch_thread(), seam:
                 tokens, _, _ = forward(impl, logits, torch.from_numpy(x[rows, :kb].copy()), bonus, is_greedy=None,
                                        draft_probs=probs)
             seam.finished()
