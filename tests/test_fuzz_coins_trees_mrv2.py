@@ -273,15 +273,20 @@ def test_cli_exit_codes_for_kinds_of_every_level(level, monkeypatch):
     a level that takes neither."""
     monkeypatch.setitem(LEVELS, level, replace(LEVELS[level], cases=lambda: K.cases_of(level)))
     codes, escaped, want = {}, [], {}
+    # A call's limit from this machine's measure: the whole level's run of a correct kind (every call of it,
+    # its workers' forks and its state checks) times 4, at least 5 s -- so only the hanging kind times out,
+    # on a loaded machine too (a fixed 0.2 s read a loaded machine's slow call of a stateful kind as a time-out)
+    reference = next(attr for attr, (lv, _, code, _) in K.CLI_KINDS.items() if lv == level and code == 0)
+    t0 = time.monotonic()
+    assert _main("--impl", f"tests.fuzz_kinds_03:{reference}", "--level", level, "--no-progress")[0] == 0
+    limit = max(5.0, 4 * (time.monotonic() - t0))
     for attr, (lv, kind, code, _) in K.CLI_KINDS.items():
         if lv != level:
             continue
         want[kind] = code
         try:
-            # 5 s a call: the kinds' calls take milliseconds, so only the hanging kind times out, on a loaded
-            # machine too (with 0.2 s a loaded machine's slow call of a stateful kind read as a time-out)
             codes[kind], text = _main("--impl", f"tests.fuzz_kinds_03:{attr}", "--level", level,
-                                      "--time-limit", "5", "--no-progress")
+                                      "--time-limit", f"{limit:.1f}", "--no-progress")
         except BaseException as e:  # noqa: BLE001
             escaped.append(f"{kind}: {type(e).__name__}: {e}")
     assert escaped == []

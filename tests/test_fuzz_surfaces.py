@@ -14,7 +14,7 @@ The outcome classes are those of ``tests/test_fuzz.py``:
    and correct ones.  Each wrong kind must get a status that is not ``ok`` (0 false ok), each
    correct kind ``ok`` (0 false alarms), no exception may escape (0 escapes), no check may run
    past its limits (0 hangs) -- in exact mode (in-process and isolated), in statistical mode
-   (isolated by default), through the CLI (exit status 1 for every wrong kind, 0 for every
+   (isolated by default), through the CLI (exit status of its outcome for every wrong kind, 0 for every
    correct one, 2 for a module that cannot be imported), through sweeps and through ``plan``.
 
 The cases are the smallest that show every wrong kind (B = 2, K = 1, V = 2 for the batched
@@ -53,11 +53,11 @@ from specref.decoding.batched import batched_draft_and_verify, batched_step, sam
 from specref.verification.campaigns.planning import plan
 from specref.verification.levels.batched import steps as batched_level
 from specref.verification.levels.trees import sampled as tree_level
-from specref.verification.levels.batched.steps import BatchedCase, parse_output
+from specref.verification.levels.batched.steps import BatchedCase
 from specref.verification.levels.trees.sampled import TreeCase, batched_reference_kernel, from_coins, sglang_style_kernel
 from specref.verification.oracle import check, check_batched_step, check_tree, check_tree_batch, default_cases
 from specref.verification.running.calling import Misbehaved, can_isolate
-from specref.verification.running.report import INTERNAL, OK, WRITES, Settings
+from specref.verification.running.report import INTERNAL, OK, WRITES
 from specref.verification.zoo.trees import tree_bugs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -688,6 +688,19 @@ ISOLATED_ONLY = {
 }
 
 BATCHED_BAD = {**EXCEPTIONS, **BATCHED_GARBAGE, **BATCHED_WRONG}
+# The CLI's exit status for each kind's outcome (SPEC §13.3), reasoned from what the kind does: 1 a wrong law (a
+# kernel with its own generator is one fixed draw in exact mode: a wrong law too), 6 a hang, 3 every other
+# misbehaviour (an exception, garbage or an inconsistent output, a crash, lazy-uniform misuse), 0 a correct kind.
+BATCHED_HANGS = {"returns hanging __array__", "returns hanging .cpu()", "sleeps", "busy loop", "retries on BaseException",
+                 "C-level hang", "blocks SIGALRM", "ignores SIGALRM"}
+BATCHED_WRONG_LAW = {*BATCHED_WRONG, *BATCHED_EXACT_ONLY} - {
+    "swapped rows", "n_emitted off by one", "lazy-uniform arithmetic", "float() of a lazy uniform"}
+
+
+def _want_exit(name: str) -> int:
+    if name in BATCHED_CORRECT:
+        return 0
+    return 1 if name in BATCHED_WRONG_LAW else 6 if name in BATCHED_HANGS else 3
 
 
 def _tree_garbage():
@@ -962,7 +975,7 @@ def test_cli_exit_codes_for_every_batched_kind(kinds_module):
         except BaseException as e:  # noqa: BLE001
             escaped.append(f"{name}: {type(e).__name__}: {e}")
     assert escaped == []
-    want = {name: 0 if name in BATCHED_CORRECT else 1 for name in codes}
+    want = {name: _want_exit(name) for name in codes}
     assert {n: c for n, c in codes.items() if c != want[n]} == {}
 
 
@@ -970,7 +983,7 @@ def test_cli_no_isolate_exit_codes(kinds_module):
     """--no-isolate: every kind an in-process oracle survives (SystemExit from .cpu() / __array__ included)."""
     codes = {name: _main("--impl", f"fuzz23:{attr}", "--level", "batched", "--time-limit", str(LIMIT), "--no-isolate")[0]
              for name, attr in kinds_module.items() if name not in ISOLATED_ONLY}
-    want = {name: 0 if name in BATCHED_CORRECT else 1 for name in codes}
+    want = {name: _want_exit(name) for name in codes}
     assert {n: c for n, c in codes.items() if c != want[n]} == {}
 
 
@@ -1013,8 +1026,8 @@ def _sweep_file(tmp_path, impl, **settings_):
 
 @needs_fork
 @pytest.mark.parametrize("name, code", [
-    ("os._exit(0)", 1), ("segfault", 1), ("raises SystemExit(0)", 1), ("C-level hang", 1), ("shares row 0's coins", 1),
-    ("returns SystemExit in .cpu()", 1), ("reference (BatchedSteps)", 0),
+    ("os._exit(0)", 3), ("segfault", 3), ("raises SystemExit(0)", 3), ("C-level hang", 6), ("shares row 0's coins", 1),
+    ("returns SystemExit in .cpu()", 3), ("reference (BatchedSteps)", 0),
 ])
 def test_cli_sweep_exit_codes(kinds_module, tmp_path, name, code):
     got, text = _main("--sweep", str(_sweep_file(tmp_path, f"fuzz23:{kinds_module[name]}")), "--no-progress",
@@ -1026,7 +1039,7 @@ def test_cli_sweep_exit_codes(kinds_module, tmp_path, name, code):
 def test_cli_sweep_statistical_cell_isolated(kinds_module, tmp_path):
     path = _sweep_file(tmp_path, f"fuzz23:{kinds_module['os._exit(0)']}", mode="statistical", samples=1024)
     got, text = _main("--sweep", str(path), "--no-progress")
-    assert got == 1 and "crashed" in text, text[-1000:]
+    assert got == 3 and "crashed" in text, text[-1000:]  # crashed: misbehaves
 
 
 IMPLS = (
@@ -1054,8 +1067,8 @@ def test_the_three_false_passes_of_the_real_cli_exit_nonzero(tmp_path):
         sweeps[impl].write_text(path.read_text().replace('"tiny"', '"two-rows"'))
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     runs = {  # each of these exited 0 before the guards
-        "no-isolate, SystemExit in .cpu()": (["--impl", "impls23:exits_in_cpu", "--level", "batched", "--no-isolate"], 1),
-        "sweep, os._exit(0)": (["--sweep", str(sweeps["impls23:hard_exit"]), "--no-progress"], 1),
+        "no-isolate, SystemExit in .cpu()": (["--impl", "impls23:exits_in_cpu", "--level", "batched", "--no-isolate"], 3),
+        "sweep, os._exit(0)": (["--sweep", str(sweeps["impls23:hard_exit"]), "--no-progress"], 3),
         "sweep, sys.exit(0) at import": (["--sweep", str(sweeps["exits23:f"]), "--no-progress"], 2),
         "impl, os._exit(0) at import": (["--impl", "hardexit23:f", "--level", "batched"], 2),
     }

@@ -311,11 +311,11 @@ def test_a_second_run_that_times_out_is_a_time_out_not_stateful():
     assert all("the state check's second run" in r.detail for r in report.results)
 
 
-def test_the_cli_exits_1_on_a_stateful_implementation(tmp_path, monkeypatch, capsys):
-    from specref.verify import EXIT_DIFFERS, check_outside
+def test_the_cli_exits_3_on_a_stateful_implementation(tmp_path, monkeypatch, capsys):
+    from specref.verify import EXIT_MISBEHAVES, check_outside
 
     (tmp_path / "stateful_step_mod.py").write_text(
         "from specref.verification.zoo.stateful import StaleCorrectionMemo\nstep = StaleCorrectionMemo()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert check_outside("stateful_step_mod:step", "step", "exact", None) == EXIT_DIFFERS
+    assert check_outside("stateful_step_mod:step", "step", "exact", None) == EXIT_MISBEHAVES  # stateful
     assert "stateful" in capsys.readouterr().out
