@@ -143,14 +143,15 @@ def _interpreted(fn):
     import contextlib
 
     from specref.adapters.real_engines.triton_interpreter import (
-        _interpreter_patch_once,
+        _interpreter_as_compiled,
+    _interpreter_patch_once,
         _interpreter_range,
         _quiet_numpy,
     )
 
     def call(*args):
         with contextlib.ExitStack() as stack:
-            for hook in (_interpreter_range, _interpreter_patch_once, _quiet_numpy):
+            for hook in (_interpreter_range, _interpreter_patch_once, _interpreter_as_compiled, _quiet_numpy):
                 stack.enter_context(hook())
             return fn(*args)
 

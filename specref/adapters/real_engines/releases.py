@@ -39,6 +39,7 @@ from pathlib import Path
 from specref.adapters.real_engines.shim import EngineShim, _never, _never_class
 from specref.adapters.real_engines.triton_interpreter import (
     _interpreter_libdevice,
+    _interpreter_as_compiled,
     _interpreter_patch_once,
     _quiet_numpy,
     _triton,
@@ -316,7 +317,7 @@ def _release_shim(dist: str, version: str, root: Path, cache=None) -> EngineShim
             "Triton installed) even under TRITON_INTERPRET=1, which would replace every kernel by a placeholder",
             {"HAS_TRITON": True})}
         shim = EngineShim(f"vllm {version}", root, ["vllm"], real, stubs, overrides, env={"TRITON_INTERPRET": "1"},
-                          hooks=(_interpreter_libdevice, _interpreter_patch_once, _quiet_numpy))
+                          hooks=(_interpreter_libdevice, _interpreter_patch_once, _interpreter_as_compiled, _quiet_numpy))
     _LOADED[key] = shim
     return shim
 
@@ -358,7 +359,7 @@ def sglang_release(version: str, cache=None):
     if key not in _LOADED:
         _triton(cache)
         _LOADED[key] = EngineShim(f"sglang {version}", root, ["sglang"], [call.module], {},
-                                  env={"TRITON_INTERPRET": "1"}, hooks=(_interpreter_patch_once, _quiet_numpy))
+                                  env={"TRITON_INTERPRET": "1"}, hooks=(_interpreter_patch_once, _interpreter_as_compiled, _quiet_numpy))
     shim = _LOADED[key]
     fn = shim.load(call.module).chain_speculative_sampling_triton
     got = tuple(inspect.signature(fn).parameters)

@@ -16,7 +16,12 @@ import numpy as np
 from specref.adapters.real_engines.conversions import _f32, _seeds, _statistical_seed
 from specref.adapters.real_engines.releases import sglang_release
 from specref.adapters.real_engines.shim import EngineShim, _attrs, _Platform
-from specref.adapters.real_engines.triton_interpreter import _interpreter_patch_once, _quiet_numpy, _triton
+from specref.adapters.real_engines.triton_interpreter import (
+    _interpreter_as_compiled,
+    _interpreter_patch_once,
+    _quiet_numpy,
+    _triton,
+)
 from specref.adapters.real_engines.wheels import _LOADED, PINNED, _check_signature, _tree, selected_release
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
@@ -64,7 +69,7 @@ def _sglang(what: str, cache=None, release: str | None = None):
             real = ("sglang.kernels.ops.speculative.reject_sampling", "sglang.kernels.ops.speculative.spec_tree")
             _LOADED[("sglang-shim", str(root))] = EngineShim(f"sglang {PINNED['sglang']}", root, ["sglang"], real,
                                                              SGLANG_STUBS, env={"TRITON_INTERPRET": "1"},
-                                                             hooks=(_interpreter_patch_once, _quiet_numpy))
+                                                             hooks=(_interpreter_patch_once, _interpreter_as_compiled, _quiet_numpy))
         shim = _LOADED[("sglang-shim", str(root))]
         if what == "chain":
             fn = shim.load("sglang.kernels.ops.speculative.reject_sampling").chain_speculative_sampling_triton

@@ -18,6 +18,7 @@ from pathlib import Path
 from specref.adapters.real_engines.shim import EngineShim, _attrs, _Platform
 from specref.adapters.real_engines.triton_interpreter import (
     _interpreter_libdevice,
+    _interpreter_as_compiled,
     _interpreter_patch_once,
     _quiet_numpy,
     _triton,
@@ -131,6 +132,6 @@ def _vllm_shim(dist: str, cache=None) -> tuple[EngineShim, Path]:
             {"HAS_TRITON": True})}
         shim = EngineShim(f"vllm {PINNED[dist]}", root, ["vllm"], real, _vllm_stubs(version), overrides,
                           env={"TRITON_INTERPRET": "1"},
-                          hooks=(_interpreter_libdevice, _interpreter_patch_once, _quiet_numpy))
+                          hooks=(_interpreter_libdevice, _interpreter_patch_once, _interpreter_as_compiled, _quiet_numpy))
     _LOADED[key] = (shim, root)
     return shim, root
