@@ -239,15 +239,16 @@ def test_misbehaviour_statistical_isolated_by_default(level, wrong):
 def test_a_narrow_wrong_piece_is_ok_only_to_its_stated_resolution():
     """SPEC §11.9: a kernel wrong only on a piece of 2^-10 of the final coin, away from the thresholds, is
     ok at 16 probes per coin *with that resolution stated*, and differs at 2^10 probes -- at both coin
-    levels that take a TreeCase or a CoinCase."""
-    coarse = check("batched_coins", K.coins_window_kernel, cases=[K.coin_case()], **K.SETTINGS).results[0]
+    levels that take a TreeCase or a CoinCase.  The default time rule (limits from the measured calls): no
+    kernel here hangs, and the suite's fixed 0.2 s per call read a loaded machine's slow call as a time-out."""
+    coarse = check("batched_coins", K.coins_window_kernel, cases=[K.coin_case()]).results[0]
     assert coarse.status == "ok" and "ok to resolution 2^-4" in coarse.detail, coarse
-    fine = check("batched_coins", K.coins_window_kernel, cases=[K.fine_coin_case()], **K.SETTINGS).results[0]
+    fine = check("batched_coins", K.coins_window_kernel, cases=[K.fine_coin_case()]).results[0]
     assert fine.status == "differs" and fine.tv >= 2.0 ** -11, fine
     tree = K.C.default_tree_coin_cases()[2]
-    coarse = check("tree_coins", K.tree_window_kernel, cases=[tree], **K.SETTINGS).results[0]
+    coarse = check("tree_coins", K.tree_window_kernel, cases=[tree]).results[0]
     assert coarse.status == "ok" and "ok to resolution 2^-4" in coarse.detail, coarse
-    fine = check("tree_coins", K.tree_window_kernel, cases=[replace(tree, probes=2**10)], **K.SETTINGS).results[0]
+    fine = check("tree_coins", K.tree_window_kernel, cases=[replace(tree, probes=2**10)]).results[0]
     assert fine.status == "differs", fine
 
 
