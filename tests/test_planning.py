@@ -283,3 +283,30 @@ def test_run_each_resumes_from_its_json_lines_without_duplicates(tmp_path):
     assert len(path.read_text().splitlines()) == 3 and third.ok == whole.ok
     with pytest.raises(SpecrefError, match="another run"):
         run_each("step", reference_with_seed, cases, mode="statistical", samples=300, json_lines=path, seed=7)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the plan's timed calls run in a forked worker")
+def test_the_default_case_time_limit_times_no_more_calls_than_the_check_makes(tmp_path):
+    """A statistical check whose case is one call: its default case time limit is planned from that one
+    call timed (not from the first and three warm calls, four checks' worth of work), and the check's
+    own calls follow.  Calls are counted in a file: the plan's run in a forked worker."""
+    from specref import check
+    from specref.decoding.batched import batched_step
+    from specref.verification.levels import LEVELS
+
+    log = tmp_path / "calls"
+
+    def counted(p, q, x, seed):
+        with open(log, "a") as f:
+            f.write(f"{len(x)}\n")
+        return batched_step(p, q, x, seed)
+
+    case = next(c for c in LEVELS["batched"].cases() if c.num_draft is None and not c.statistical_only)
+    counts = {}
+    for name, limit in (("default", {}), ("given", {"case_time_limit": 600.0})):
+        log.write_text("")
+        report = check("batched", counted, cases=[case], mode="statistical", samples=64, isolate=False,
+                       progress=False, **limit)
+        assert report.ok, str(report)
+        counts[name] = len(log.read_text().split())
+    assert counts["given"] >= 1 and counts["default"] - counts["given"] == 1, counts

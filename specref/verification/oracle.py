@@ -296,10 +296,14 @@ class PlanRow:
         return planned_case_time(self.eta_s)
 
 
-def plan_rows(spec: Level, fn, cases, settings: Settings, *, calls: int, isolate: bool) -> list[PlanRow]:
+def plan_rows(spec: Level, fn, cases, settings: Settings, *, calls: int, isolate: bool,
+              at_most_the_checks: bool = False) -> list[PlanRow]:
     """A :class:`PlanRow` per case of ``spec`` (``fn`` declared, ``cases`` validated): N and the calls
     as the check makes them, and the first call and ``calls`` warm calls timed (in a forked worker
-    per case with ``isolate``, under the per-call ``time_limit``); a misbehaviour is the row's note."""
+    per case with ``isolate``, under the per-call ``time_limit``); a misbehaviour is the row's note.
+    ``at_most_the_checks``: no more warm calls than the check's own after its first (a check of one
+    call per case times that one call: its ETA is exact, and timing three more would cost three
+    checks -- the default case time limit of a statistical check plans this way)."""
     if settings.mode == "statistical" and not spec.statistical:
         raise SpecrefError(f"the {spec.name} level has no statistical mode (coins in, exact out): plan it with "
                            f"mode='exact', got mode='statistical'")
@@ -314,7 +318,7 @@ def plan_rows(spec: Level, fn, cases, settings: Settings, *, calls: int, isolate
                                                                        f"out (time_limit=None: the first time-out ends "
                                                                        f"a plan, SPEC 13.2)"))
             continue
-        rows.append(_plan_case(spec, fn, case, settings, settings.seed + i, calls, isolate))
+        rows.append(_plan_case(spec, fn, case, settings, settings.seed + i, calls, isolate, at_most_the_checks))
         if settings.time_limit is None and _timed_out(rows[-1]):
             hung = case.name
     return rows
@@ -337,7 +341,8 @@ def _per_call_bound(settings: Settings) -> float:
     return settings.time_limit if settings.time_limit is not None else FIRST_CALL_LIMIT * CALL_MARGIN
 
 
-def _plan_case(spec: Level, fn, case, settings: Settings, seed: int, calls: int, isolate: bool) -> PlanRow:
+def _plan_case(spec: Level, fn, case, settings: Settings, seed: int, calls: int, isolate: bool,
+               at_most_the_checks: bool = False) -> PlanRow:
     """One case's row: the level's plan of N and its calls (:class:`CasePlan`), its calls timed in a
     guarded body; where the level does not plan the mode itself, the fallback (:func:`_fallback_row`)."""
     guard = partial(guarded, isolate=isolate, time_limit=settings.time_limit,
@@ -356,6 +361,8 @@ def _plan_case(spec: Level, fn, case, settings: Settings, seed: int, calls: int,
     if planned.timer is None:
         return PlanRow(case.name, planned.outcomes, planned.n, None, None, note=planned.note, batch=planned.per_call,
                        calls=planned.calls)
+    if at_most_the_checks and planned.calls is not None:
+        calls = min(calls, max(planned.calls - 1, 0))
     status, value = guard(partial(_timed, planned.timer, calls))
     if status != "result":
         return PlanRow(case.name, planned.outcomes, planned.n, None, None, note=_note(status, value),
@@ -367,11 +374,14 @@ def _plan_case(spec: Level, fn, case, settings: Settings, seed: int, calls: int,
 
 
 def _timed(timer, calls: int) -> tuple[float, float]:
-    """``(seconds of the first call, seconds per warm call)``: ``timer(calls)``'s call ``0``, then ``1..calls``."""
+    """``(seconds of the first call, seconds per warm call)``: ``timer(calls)``'s call ``0``, then ``1..calls``
+    (no warm call: the first call's seconds for both)."""
     call = timer(calls)
     t0 = time.perf_counter()
     call(0)
     first = time.perf_counter() - t0
+    if calls == 0:
+        return first, first
     t0 = time.perf_counter()
     for i in range(1, calls + 1):
         call(i)
@@ -499,7 +509,7 @@ def _planned_case_time(spec: Level, fn, cases, settings: Settings) -> tuple:
     if settings.mode == "exact" or not can_isolate() or cuda_started():
         return CASE_TIME_CAP, None
     try:
-        rows = plan_rows(spec, fn, cases, settings, calls=PLAN_CALLS, isolate=True)
+        rows = plan_rows(spec, fn, cases, settings, calls=PLAN_CALLS, isolate=True, at_most_the_checks=True)
     except Exception:  # noqa: BLE001 - a malformed case: the level's validation names it when the check runs
         return CASE_TIME_FLOOR, None
     for i, row in enumerate(rows):
