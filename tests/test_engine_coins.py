@@ -240,3 +240,30 @@ def test_sglangs_chain_kernel_takes_its_coins_and_passes_exactly_and_its_inclusi
     # 2^-20): boundary, as with float64 coins (SPEC §11.9), and the detail names the coin
     assert got.status == "boundary" and got.tv == Fraction(1, 2**24), got
     assert "uniform_coins[0, 0] = 0 (one grid point)" in got.detail, got.detail
+
+
+# ---------------------------------------------------------------- MRV2, coins in (vllm_coins, float32 coins)
+
+
+def _log_space_float32_kernel(*args):
+    """MRV2's acceptance written in NumPy: ``log p > log u + log q``, each log float32 (strict; q > 0)."""
+    f32 = np.float32
+    return ec._vllm_numpy(*args, race_rows=ec._residual32,
+                          accept=lambda px, qx, u: qx > 0 and f32(np.log(f32(px))) > f32(np.log(f32(u))) + f32(np.log(f32(qx))))
+
+
+@pytest.mark.skipif(engines_missing(), reason=engines_missing() or "")
+def test_mrv2_through_its_coin_seam_differs_by_its_float32_log_space_comparison():
+    """vllm 0.33.0's Model Runner V2 with the level's coins in ``tl.rand`` and ``murmur3_uniform32``
+    (:func:`mrv2_coin_engine`): on the dense case it differs -- acceptance TV 5.96e-08 exactly, on the
+    2^-24 grid and again 4 bits coarser, so not a grid point's artefact -- and a NumPy kernel that
+    makes only MRV2's comparison (``target_logprob > log(u) + draft_logprob``, float32) finds the same
+    drafts and the same acceptance TV: the departure is that comparison's float32 rounding."""
+    from specref.adapters.real_engines.mrv2 import mrv2_coin_engine
+
+    case = ec.default_vllm_coin_cases("float32")[0]
+    got = check("vllm_coins", mrv2_coin_engine(), cases=[case], coins="float32", isolate=False).results[0]
+    twin = check("vllm_coins", _log_space_float32_kernel, cases=[case], coins="float32", isolate=False).results[0]
+    assert got.status == twin.status == "differs", (got, twin)
+    assert got.detail.split(";")[0] == twin.detail.split(";")[0], (got.detail, twin.detail)
+    assert "acceptance: TV 5.96e-08 (exact)" in got.detail and got.tv < 1e-7, got
