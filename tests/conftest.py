@@ -15,12 +15,9 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-# longest first, by each module's summed test seconds in a full run (--durations=0) on 2 cores
-FIRST = ("test_vllm_sampler.py", "test_vllm_e2e.py", "test_openai_server.py", "test_vllm_schedules.py",
-         "test_real_engines.py", "test_distributed.py", "test_fuzz_coins_trees_mrv2.py", "test_fuzz_surfaces.py",
-         "test_engine_coins.py", "test_docs.py", "test_mrv2_level.py", "test_hf_paths.py", "test_mlx_server.py",
-         "test_engines.py", "test_batched_calls.py", "test_engine_inputs.py", "test_coins.py", "test_fuzz.py",
-         "test_mutants.py")
+FIRST = ("test_vllm_e2e.py", "test_real_engines.py", "test_mrv2_level.py", "test_vllm_sampler.py",
+         "test_openai_server.py", "test_fuzz_surfaces.py", "test_docs.py", "test_fuzz.py", "test_fuzz_coins_trees_mrv2.py", "test_mutants.py",
+         "test_distributed.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
