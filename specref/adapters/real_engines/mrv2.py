@@ -34,6 +34,32 @@ def _mrv2(cache=None):
     return _LOADED[key]
 
 
+_POS0 = 1000  # a logit row's position is _POS0 + its local index
+
+
+def _layout(drafts: list) -> tuple:
+    """MRV2's request layout for ``drafts`` (request b's ``k_b`` draft ids): each request owns ``k_b + 1``
+    logit rows.  ``(k, local, req, cu, draft_sampled)``: drafts per request, each row's local index and
+    request, ``cu_num_logits`` (exclusive) and ``draft_sampled`` (row i's draft at i + 1; 0, the committed
+    token, at each request's first row)."""
+    k = np.array([len(d) for d in drafts], dtype=np.int64)
+    local = np.concatenate([np.arange(n + 1) for n in k])
+    req = np.repeat(np.arange(len(k)), k + 1)
+    cu = np.concatenate([[0], np.cumsum(k + 1)])
+    draft_sampled = np.zeros(int(cu[-1]), dtype=np.int64)
+    for b, d in enumerate(drafts):
+        draft_sampled[cu[b] + 1: cu[b] + 1 + k[b]] = d
+    return k, local, req, cu, draft_sampled
+
+
+def _padded(sampled, num_sampled) -> tuple:
+    """MRV2's ``(sampled, num_sampled)`` as NumPy, the undefined entries past ``num_sampled`` set to -1."""
+    tokens = sampled.numpy().astype(np.int64)
+    n = num_sampled.numpy().astype(np.int64)
+    tokens[np.arange(tokens.shape[1])[None, :] >= n[:, None]] = -1
+    return tokens, n
+
+
 def mrv2_engine(cache=None, *, temperature: float = 1.0, use_fp64: bool = False):
     """vLLM 0.33.0 Model Runner V2's ``rejection_sample`` as a ``batched`` step_fn (statistical mode).
 
@@ -48,7 +74,7 @@ def mrv2_engine(cache=None, *, temperature: float = 1.0, use_fp64: bool = False)
     ``draft_logits [B, K, V] = temperature * log(q)`` (MRV2 stores draft logits before the
     temperature and divides by it); ``draft_sampled`` holds the draft for row i at i + 1 (the
     committed token, 0 here, at each request's first row); ``cu_num_logits`` exclusive,
-    ``idx_mapping`` the identity, ``pos`` = 1000 + local position, ``seed [B]`` = 63-bit seeds
+    ``idx_mapping`` the identity, ``pos`` = ``_POS0`` (1000) + local position, ``seed [B]`` = 63-bit seeds
     from (seed, b): MRV2 keys its coins and Gumbel noise by (request seed, position).
     MRV2 returns ``(sampled, num_sampled)`` with undefined entries past ``num_sampled``; the
     wrapper writes -1 there.
@@ -66,27 +92,19 @@ def mrv2_engine(cache=None, *, temperature: float = 1.0, use_fp64: bool = False)
         B, K1, V = p.shape
         K = K1 - 1
         pad = x == -1
-        k = np.where(pad.any(axis=1), pad.argmax(axis=1), K).astype(np.int64)
+        k, local, req, cu, draft_sampled = _layout([x[b, :n] for b, n in enumerate(
+            np.where(pad.any(axis=1), pad.argmax(axis=1), K))])
         rows = np.concatenate([np.arange(k[b] + 1) + b * K1 for b in range(B)])  # [num_logits] into [B*(K+1)]
-        local = np.concatenate([np.arange(k[b] + 1) for b in range(B)])
-        req = np.repeat(np.arange(B), k + 1)
-        cu = np.concatenate([[0], np.cumsum(k + 1)])
-        draft_sampled = np.zeros(rows.shape[0], dtype=np.int64)
-        for b in range(B):
-            draft_sampled[cu[b] + 1: cu[b] + 1 + k[b]] = x[b, :k[b]]
         target_logits = _logits(p.reshape(B * K1, V)[rows], torch)
         draft_logits = None if q_draft is None else temperature * _logits(q_draft, torch)
         with shim.active():
             sampled, num_sampled = rejection_sample(
                 target_logits, draft_logits, torch.from_numpy(draft_sampled), torch.from_numpy(cu.astype(np.int32)),
-                torch.from_numpy(1000 + local), torch.arange(B, dtype=torch.int32),
+                torch.from_numpy(_POS0 + local), torch.arange(B, dtype=torch.int32),
                 torch.from_numpy(req.astype(np.int32)), torch.from_numpy(local.astype(np.int32)),
                 torch.full((B,), temperature, dtype=torch.float32),
                 torch.from_numpy(_seeds(seed, B, 2).astype(np.int64)), K, use_fp64=use_fp64)
-        tokens = sampled.numpy().astype(np.int64)
-        n = num_sampled.numpy().astype(np.int64)
-        tokens[np.arange(K1)[None, :] >= n[:, None]] = -1
-        return tokens, n
+        return _padded(sampled, num_sampled)
 
     step_fn.__name__ = "mrv2_rejection_sample"
     return step_fn
@@ -95,7 +113,6 @@ def mrv2_engine(cache=None, *, temperature: float = 1.0, use_fp64: bool = False)
 # ---------------------------------------------------------------- coins in (the vllm_coins level)
 
 _SEED0 = 1_000_003  # request b's seed is _SEED0 + b: the seam reads the request back from the seed MRV2 hands over
-_POS0 = 1000  # a logit row's position is _POS0 + its local index (as in mrv2_engine)
 
 
 def _coin_draws(uniform: dict, exponentials: np.ndarray):
@@ -146,18 +163,15 @@ def _coin_call_args(x, k, logits, bonus, draft_probs, K: int, torch) -> tuple:
     point = np.full((B, V), -np.inf, dtype=np.float32)
     point[np.arange(B), bonus] = 0
     rows = [np.concatenate([logits[start[b]:start[b + 1]], point[b:b + 1]]) for b in range(B)]
-    local = np.concatenate([np.arange(k[b] + 1) for b in range(B)])
-    cu = np.concatenate([[0], np.cumsum(k + 1)])
-    draft_sampled = np.zeros(int(cu[-1]), dtype=np.int64)
+    k, local, req, cu, draft_sampled = _layout([x[start[b]:start[b + 1]] for b in range(B)])
     draft_logits = torch.full((B, max(K, 1), V), -float("inf"))
     q = None if draft_probs is None else np.asarray(draft_probs, dtype=np.float32)
     for b in range(B):
-        draft_sampled[cu[b] + 1: cu[b] + 1 + k[b]] = x[start[b]:start[b + 1]]
         if q is not None and k[b]:
             draft_logits[b, :k[b]] = _logits(q[start[b]:start[b + 1]], torch)
     return (torch.from_numpy(np.concatenate(rows)), None if q is None else draft_logits, torch.from_numpy(draft_sampled),
             torch.from_numpy(cu.astype(np.int32)), torch.from_numpy(_POS0 + local), torch.arange(B, dtype=torch.int32),
-            torch.from_numpy(np.repeat(np.arange(B), k + 1).astype(np.int32)), torch.from_numpy(local.astype(np.int32)),
+            torch.from_numpy(req.astype(np.int32)), torch.from_numpy(local.astype(np.int32)),
             torch.ones(B, dtype=torch.float32), torch.from_numpy(_SEED0 + np.arange(B, dtype=np.int64)), max(K, 1))
 
 
@@ -202,10 +216,7 @@ def mrv2_coin_engine(cache=None):
                 sampled, num_sampled = rejection_sample(*args)
             finally:
                 tl.rand, gumbel.murmur3_uniform32 = saved
-        tokens = sampled.numpy().astype(np.int64)[:, :K + 1]
-        n = num_sampled.numpy().astype(np.int64)
-        tokens[np.arange(tokens.shape[1])[None, :] >= n[:, None]] = -1
-        return tokens
+        return _padded(sampled, num_sampled)[0][:, :K + 1]
 
     fn.__name__ = "mrv2_rejection_sample_coins"
     return fn
