@@ -37,7 +37,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from fractions import Fraction as F
-from functools import partial
+from functools import partial, wraps
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, example, given, seed, settings
@@ -59,10 +59,11 @@ from specref.verification.running.calling import Misbehaved
 from specref.verification.running.report import INTERNAL
 from specref.verification.zoo.trees import USER_TREE_BUGS
 
-LIMIT = 0.2  # seconds per call of the implementation in the misbehaviour suite
+LIMIT_FLOOR = 0.2  # seconds per call of the implementation in the misbehaviour suite, at the least ...
+LIMIT_MARGIN = 20.0  # ... else this many times the slowest call of specref's own implementations, measured here
 CASE_LIMIT = 20.0  # seconds per case: every case here takes well under a second when it runs to its end
 SLACK = 10.0  # seconds a check may take beyond its calls' limits before it counts as a hang
-SETTINGS = dict(time_limit=LIMIT, case_time_limit=CASE_LIMIT)
+# the per-call limit itself comes from measured calls, once, when first asked for: limit() at the end of the module
 
 LEVELS_03 = ("batched_coins", "tree_coins", "vllm_coins", "mrv2", "greedy_tree", "greedy_tree_step", "tree")
 """The surfaces with implementations: the six 0.3 levels and the tree level on user-built trees."""
@@ -1035,7 +1036,7 @@ def tally(level: str, kinds: dict, correct: dict = (), *, cases=None, calls: int
     may escape, hang or be an internal error."""
     out = Tally()
     correct = dict(correct)
-    settings = {**SETTINGS, **settings}
+    settings = {**suite_settings(), **settings}
     started = time.monotonic()
     for name, fn in {**kinds, **correct}.items():
         out.tried += 1
@@ -1111,10 +1112,6 @@ TIE_FNS = [greedy_step_reference, None, 3, "greedy_step_reference", b"f", object
            partial(greedy_step_reference, ties="split"), print]
 
 
-PROBE_SETTINGS = dict(time_limit=LIMIT, case_time_limit=0.25)
-"""A check of a case taken at the door: a value that is valid but costly (``probes = 2**70``) ends at the
-case's time limit (``timeout``), not at the end of the work it asks for."""
-
 RELATED = {"target": ("tokens", "q_draft", "prompt")}
 """A field whose change can make another field wrong: a user tree's target sets the vocabulary its
 tokens, q rows and prompt are checked against, so an error may name those instead."""
@@ -1159,7 +1156,7 @@ def probe_case(make, level: str, name: str, cases_from=lambda case: [case], **se
     if outcome != "ok":
         return outcome, value
     outcome, report = refused(lambda: check(level, reference(level), cases=cases_from(value),
-                                            **{**PROBE_SETTINGS, **settings}), name, stage="check")
+                                            **{**probe_settings(), **settings}), name, stage="check")
     if outcome != "ok":
         return outcome, report
     return judged(report)
@@ -1271,7 +1268,7 @@ def probe_check_arg(level: str, value, *, name: str) -> tuple:
     report with no internal error; nothing else escapes."""
     if name == "cases" and value is None:
         return "accepted", "None: the level's default cases (judged by the misbehaviour suite)"
-    kwargs = {**PROBE_SETTINGS, "cases": _api_cases(level)}
+    kwargs = {**probe_settings(), "cases": _api_cases(level)}
     kwargs[name] = value
     outcome, report = refused(lambda: check(level, reference(level), **kwargs), name, stage="check")
     if outcome != "ok":
@@ -1288,7 +1285,7 @@ def probe_plan_arg(level: str, value, *, name: str) -> tuple:
 
     if name == "cases" and value is None:
         return "accepted", "None: the level's default cases"
-    kwargs = dict(mode="exact", isolate=False, time_limit=LIMIT * 10, calls=1, file=StringIO())
+    kwargs = dict(mode="exact", isolate=False, time_limit=limit() * 10, calls=1, file=StringIO())
     kwargs[name] = value
     cases = kwargs.pop("cases", _api_cases(level))
     outcome, rows = refused(lambda: plan(level, reference(level), cases, **kwargs), name, stage="plan")
@@ -1314,7 +1311,7 @@ def probe_declare_ties(fn, ties) -> tuple:
     if not (callable(fn) and valid_ties):
         return "not refused", f"declare_ties({fn!r:.40}, {ties!r:.40}) took a bad {name}"
     try:
-        return judged(check("greedy_tree_step", declared, cases=[greedy_case()], **SETTINGS))
+        return judged(check("greedy_tree_step", declared, cases=[greedy_case()], **suite_settings()))
     except BaseException as e:  # noqa: BLE001
         return "escape", f"check raised {type(e).__name__}: {e}"
 
@@ -1350,7 +1347,7 @@ def probe_deep_greedy(n: int, level: str) -> tuple:
     """A chain ``n`` deep whose argmax path runs to its leaf, at a greedy level: ok with TV 0 (no recursion)."""
     tree, rows = deep_chain(n)
     try:
-        report = check(level, reference(level), cases=[GreedyTreeCase("deep", (tree,), (rows,))], **SETTINGS)
+        report = check(level, reference(level), cases=[GreedyTreeCase("deep", (tree,), (rows,))], **suite_settings())
     except BaseException as e:  # noqa: BLE001
         return "escape", f"check raised {type(e).__name__}: {str(e)[:200]}"
     got = [(r.status, r.tv) for r in report.results]
@@ -1365,7 +1362,7 @@ def probe_deep_user(n: int) -> tuple:
     table = frac([["1/3", "2/3"], ["1/2", "1/2"]])
     try:
         case = UserTreeCase("deep-chain", table, tuple(range(-1, n)), (-1,) + (1,) * n)
-        (r,) = check("tree", reference("tree"), cases=[case], max_paths=500, **SETTINGS).results
+        (r,) = check("tree", reference("tree"), cases=[case], max_paths=500, **suite_settings()).results
     except BaseException as e:  # noqa: BLE001
         return "escape", f"raised {type(e).__name__}: {str(e)[:200]}"
     if r.status not in ("ok", "over budget") or (n <= 3 and r.status != "ok"):
@@ -1493,3 +1490,58 @@ CLI_KINDS = _cli_kinds()
 globals().update({attr: fn for attr, (_, _, _, fn) in CLI_KINDS.items()})
 cli_vllm_race_above_09 = VLLM_COINS_WRONG["races on p above u = 0.9"]  # the real-process CLI runs: exit 1 (differs)
 cli_greedy_reference = greedy_reference  # exit 0
+
+
+def measured_limit() -> float:
+    """The suite's per-call limit: :data:`LIMIT_MARGIN` x the slowest call of specref's own implementation
+    of each level on the cases the suite checks, measured in this process (so a loaded machine gets a
+    longer limit), at least :data:`LIMIT_FLOOR`.  Hanging kinds must be cut within it, so it stays short;
+    a fixed guess broke under load (a correct kernel timed out)."""
+    slowest = [0.0]
+
+    def timed(fn):
+        @wraps(fn)
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                slowest[0] = max(slowest[0], time.perf_counter() - start)
+        return call
+
+    for level in LEVELS_03:
+        report = check(level, timed(CORRECT[level][next(iter(CORRECT[level]))]), cases=cases_of(level),
+                       isolate=False, time_limit=None)
+        assert report.ok, (level, [r.detail[:200] for r in report.results])  # the measure of a correct call
+    return max(LIMIT_FLOOR, LIMIT_MARGIN * slowest[0])
+
+
+
+_LIMIT: list = []  # measured_limit(), once per process, when a test first asks (not when the CLI imports a kind)
+
+
+def limit() -> float:
+    """The per-call limit of this process's misbehaviour checks (:func:`measured_limit`, measured once)."""
+    if not _LIMIT:
+        _LIMIT.append(measured_limit())
+    return _LIMIT[0]
+
+
+def suite_settings() -> dict:
+    """The misbehaviour suite's time settings: :func:`limit` per call, :data:`CASE_LIMIT` per case."""
+    return dict(time_limit=limit(), case_time_limit=CASE_LIMIT)
+
+
+def probe_settings() -> dict:
+    """A check of a case taken at the door: :func:`limit` per call, a quarter of a second per case, so that
+    a value that is valid but costly (``probes = 2**70``) ends at the case's time limit (``timeout``), not
+    at the end of the work it asks for."""
+    return dict(time_limit=limit(), case_time_limit=0.25)
+
+
+def __getattr__(name):  # K.SETTINGS and K.LIMIT for the test modules: the measured values
+    if name == "SETTINGS":
+        return suite_settings()
+    if name == "LIMIT":
+        return limit()
+    raise AttributeError(name)
