@@ -12,6 +12,11 @@ guards, beside this checkout):
   average at the end.  mypy's cache (``.mypy_cache``) is removed first, so each run is cold, as on
   a fresh checkout.
 
+``--workers N ...`` runs each ``--suite`` once per worker count, in the order given, with ``-n N``
+in place of the ``-n`` of ``addopts`` (``0``: the command as it stands), and records the CPU
+seconds of the run and everything it waited for (``getrusage``) beside its wall seconds: the record
+behind the worker count in ``pyproject.toml``.
+
 Each tree is run with ``PYTHONPATH`` set to it, so its own ``specref`` is imported::
 
     git worktree add /tmp/before 0994a30
@@ -19,6 +24,7 @@ Each tree is run with ``PYTHONPATH`` set to it, so its own ``specref`` is import
         --suite /tmp/before . --burners 0 --out benchmarks/out/guard_cost.json
     python benchmarks/guard_cost.py --suite . --burners 2 --merge benchmarks/out/guard_cost.json \\
         --out benchmarks/out/guard_cost.json
+    python benchmarks/guard_cost.py --suite . --workers 2 3 2 3 --out benchmarks/out/suite_workers.json
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import json
 import multiprocessing
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -76,24 +83,37 @@ def _burn(stop) -> None:
             x ^= i
 
 
-def suite(tree: Path, burners: int) -> dict:
-    """The README's test command in ``tree``, cold mypy cache, ``burners`` busy processes beside it."""
+def _cpu_of_children() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def suite(tree: Path, burners: int, workers: int = 0) -> dict:
+    """The README's test command in ``tree`` (``-n workers`` when not 0), cold mypy cache, ``burners``
+    busy processes beside it."""
     shutil.rmtree(tree / ".mypy_cache", ignore_errors=True)
+    argv = [sys.executable, "-m", "pytest"] + (["-n", str(workers)] if workers else [])
+    cpu, load_before = _cpu_of_children(), os.getloadavg()
     stop = multiprocessing.Event()
     procs = [multiprocessing.Process(target=_burn, args=(stop,), daemon=True) for _ in range(burners)]
     for p in procs:
         p.start()
     try:
-        seconds, code, line = _timed([sys.executable, "-m", "pytest"], tree)
+        seconds, code, line = _timed(argv, tree)
         load = os.getloadavg()
+        cpu = _cpu_of_children() - cpu  # the burners are not waited for yet: the suite's own
     finally:
         stop.set()
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    return {"tree": "this checkout" if tree == ROOT else tree.name, "burners": burners, "seconds": seconds,
-            "exit": code, "summary": line, "load_at_end": load}
+    out = {"tree": "this checkout" if tree == ROOT else tree.name, "burners": burners, "seconds": seconds,
+           "exit": code, "summary": line, "load_at_end": load}
+    if workers:
+        out.update(workers=workers, command=" ".join(["python", "-m", "pytest", "-n", str(workers)]),
+                   cpu_seconds=round(cpu, 1), load_before=load_before)
+    return out
 
 
 def main(argv=None) -> None:
@@ -102,6 +122,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--suite", type=Path, nargs="*", default=[], metavar="TREE")
     ap.add_argument("--burners", type=int, default=0)
+    ap.add_argument("--workers", type=int, nargs="*", default=[0], metavar="N",
+                    help="run each --suite once per N, with -n N (0: addopts' own)")
     ap.add_argument("--merge", type=Path, help="a record whose entries this run's are added to")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -113,12 +135,13 @@ def main(argv=None) -> None:
         print(json.dumps(record["verify"]["paired_ratio"]))
     for tree in args.suite:
         tree = tree.resolve()
-        run = suite(tree, args.burners)
-        if tree != ROOT:
+        for workers in args.workers:
+            run = suite(tree, args.burners, workers)
             run["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True,
                                            text=True).stdout.strip()
-        record["suites"].append(run)
-        print(json.dumps(run))
+            record["suites"].append(run)
+            print(json.dumps(run), flush=True)
+            args.out.write_text(json.dumps(record, indent=1) + "\n")  # each run kept as it ends
     args.out.write_text(json.dumps(record, indent=1) + "\n")
 
 

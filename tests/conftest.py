@@ -1,9 +1,9 @@
 """The order the suite's modules are handed out in: the longest first.
 
-The suite runs on two pytest-xdist workers, each module whole on one (``--dist loadfile``), and
+The suite runs on three pytest-xdist workers, each module whole on one (``--dist loadfile``), and
 modules go to the workers in collection order.  In alphabetical order the longest modules (the
 real engines, an interpreter, a server) come last, and one of them ran alone at the end while the
-other worker idled.  :data:`FIRST` names them, longest first; every other module keeps its place
+other workers idled.  :data:`FIRST` names them, longest first; every other module keeps its place
 after them.  Nothing is skipped, marked or shortened here: only the order changes.
 """
 
