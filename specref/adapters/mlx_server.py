@@ -52,23 +52,19 @@ position, else emit the target's sample) is exact.
 
 from __future__ import annotations
 
-import atexit
 import json
 import math
 import os
-import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from specref.adapters.openai_server import OpenAIServer, free_port
-from specref.adapters.vllm_e2e import VLLMRequest, Verdict, _stop, judge, target_rows
+from specref.adapters.openai_server import OpenAIServer, ServerProcess, free_port
+from specref.adapters.vllm_e2e import VLLMRequest, Verdict, environment_python, judge, target_rows
 from specref.core.errors import SpecrefError
 from specref.core.sampling import SamplingConfig
 
@@ -92,14 +88,8 @@ def mlx_venv() -> Path:
 
 def mlx_python(venv=None) -> Path:
     """The environment's interpreter; a ``SpecrefError`` naming the script when it is not made (or broken)."""
-    venv = Path(venv).expanduser() if venv is not None else mlx_venv()
-    how = f"run `python {MAKE_SCRIPT}` (or set ${VENV_VARIABLE} to an environment it made)"
-    if not (venv / MARKER).is_file():
-        raise SpecrefError(f"the mlx-lm environment {venv} is not made ({MARKER} missing): {how}")
-    python = venv / "bin" / "python"
-    if not python.exists():
-        raise SpecrefError(f"the mlx-lm environment {venv} is broken (no bin/python): {how} with --force")
-    return python
+    return environment_python(Path(venv).expanduser() if venv is not None else mlx_venv(), "mlx-lm", MAKE_SCRIPT,
+                              VENV_VARIABLE)
 
 
 # ---------------------------------------------------------------- mlx-lm's sampler, written out
@@ -237,7 +227,7 @@ class MLXClient(OpenAIServer):
 # ---------------------------------------------------------------- the server
 
 
-class MLXServer:
+class MLXServer(ServerProcess):
     """mlx-lm's OpenAI-compatible server on 127.0.0.1, in the mlx-lm environment, for one model (and draft)."""
 
     def __init__(self, model_dir, *, draft_model_dir=None, num_draft_tokens: int = 2, venv=None,
@@ -248,25 +238,14 @@ class MLXServer:
         self.num_draft_tokens = int(num_draft_tokens)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="specref-mlx-server-", suffix=".log", delete=False)
         args = ["--model", self.model, "--host", "127.0.0.1", "--port", str(self.port), *extra_args]
         if self.draft_model is not None:
             args += ["--draft-model", self.draft_model, "--num-draft-tokens", str(self.num_draft_tokens)]
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                    DO_NOT_TRACK="1")
         env.pop("PYTHONPATH", None)
-        self.process = subprocess.Popen([str(self.python), "-u", "-m", "mlx_lm", "server", *args],
-                                        stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True, cwd=tempfile.gettempdir())
-        self._finalizer = weakref.finalize(self, _stop, self.process)
-        atexit.register(self._finalizer)
+        self._start([self.python, "-u", "-m", "mlx_lm", "server", *args], env, "specref-mlx-server-")
         self.start_seconds = self._wait(float(start_timeout))
-
-    def _log_tail(self, chars: int = 3000) -> str:
-        try:
-            return Path(self.log.name).read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
 
     def _fail(self, why: str):
         tail = self._log_tail()
@@ -305,18 +284,3 @@ class MLXServer:
     def client(self, target_dir=None, **kwargs) -> MLXClient:
         """An :class:`MLXClient` on this server (the target's weights: ``target_dir``, default the served model)."""
         return MLXClient(self.base_url, target_dir or self.model, **kwargs)
-
-    def close(self) -> None:
-        """Stop the server and everything it started; remove its log."""
-        self._finalizer()
-        try:
-            self.log.close()
-            os.unlink(self.log.name)
-        except OSError:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

@@ -56,7 +56,7 @@ from specref.adapters.vllm_e2e import (
 )
 from specref.core.errors import SpecrefError
 
-__all__ = ["OpenAIServer", "VLLMServer", "free_port"]
+__all__ = ["OpenAIServer", "ServerProcess", "VLLMServer", "free_port"]
 
 
 class OpenAIServer:
@@ -179,7 +179,45 @@ if _names:
 """
 
 
-class VLLMServer:
+class ServerProcess:
+    """A server in a process of a session of its own, its output in a temporary log: starting it, reading the
+    log's tail, and stopping it with everything it started (also at exit, or when it is collected)."""
+
+    _hook: tempfile.TemporaryDirectory | None = None  # a directory the server's start-up reads, removed with it
+
+    def _start(self, argv: list, env: dict, log_prefix: str) -> None:
+        self.log = tempfile.NamedTemporaryFile(prefix=log_prefix, suffix=".log", delete=False)
+        self.process = subprocess.Popen([str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=self.log,
+                                        stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                        cwd=tempfile.gettempdir())
+        self._finalizer = weakref.finalize(self, _stop, self.process)
+        atexit.register(self._finalizer)
+
+    def _log_tail(self, chars: int = 3000) -> str:
+        try:
+            return Path(self.log.name).read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        """Stop the server and everything it started; remove its log."""
+        self._finalizer()
+        if self._hook is not None:
+            self._hook.cleanup()
+        try:
+            self.log.close()
+            os.unlink(self.log.name)
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class VLLMServer(ServerProcess):
     """vLLM's OpenAI-compatible server on 127.0.0.1, in the vLLM environment, for one model and speculative config."""
 
     def __init__(self, model_dir, *, speculative_config: dict | None = None, seed: int = 0, patches=(), venv=None,
@@ -191,7 +229,6 @@ class VLLMServer:
         self.model = str(model_dir)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="specref-vllm-server-", suffix=".log", delete=False)
         args = ["--model", self.model, "--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager",
                 "--dtype", "float32", "--max-model-len", "64", "--seed", str(int(seed)), *extra_args]
         if speculative_config is not None:
@@ -200,23 +237,12 @@ class VLLMServer:
                    VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
                    SPECREF_VLLM_PATCHES=",".join(patches))
         env.pop("PYTHONPATH", None)
-        self._hook = None
         if patches:  # the server runs its engine core in a spawned process: the repairs go in at every start-up
             self._hook = tempfile.TemporaryDirectory(prefix="specref-vllm-hook-")
             Path(self._hook.name, "sitecustomize.py").write_text(_HOOK.format(driver=str(DRIVER)))
             env["PYTHONPATH"] = self._hook.name
-        self.process = subprocess.Popen([str(self.python), "-u", str(DRIVER), "--serve", *args], stdin=subprocess.DEVNULL,
-                                        stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                        cwd=tempfile.gettempdir())
-        self._finalizer = weakref.finalize(self, _stop, self.process)
-        atexit.register(self._finalizer)
+        self._start([self.python, "-u", DRIVER, "--serve", *args], env, "specref-vllm-server-")
         self.start_seconds = self._wait(start_timeout)
-
-    def _log_tail(self, chars: int = 3000) -> str:
-        try:
-            return Path(self.log.name).read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
 
     def _wait(self, timeout: float) -> float:
         start = time.perf_counter()
@@ -240,20 +266,3 @@ class VLLMServer:
     def client(self, target_dir=None, **kwargs) -> OpenAIServer:
         """An :class:`OpenAIServer` on this server (the target's weights: ``target_dir``, default the served model)."""
         return OpenAIServer(self.base_url, self.model, target_dir or self.model, **kwargs)
-
-    def close(self) -> None:
-        """Stop the server and everything it started; remove its log."""
-        self._finalizer()
-        if self._hook is not None:
-            self._hook.cleanup()
-        try:
-            self.log.close()
-            os.unlink(self.log.name)
-        except OSError:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

@@ -64,7 +64,8 @@ from specref.core.errors import SpecrefError
 from specref.core.sampling import SamplingConfig
 
 __all__ = ["VLLM_VERSION", "MAKE_SCRIPT", "VENV_VARIABLE", "TinyLlama", "VLLMRequest", "VLLMEngine", "Verdict",
-           "vllm_venv", "vllm_python", "build_models", "build_eagle_head", "target_rows", "vllm_rules", "expected_law", "judge",
+           "vllm_venv", "vllm_python", "environment_python", "build_models", "build_eagle_head", "target_rows",
+           "vllm_rules", "expected_law", "judge",
            "planned_samples", "parse_outputs", "PathRun", "run_path", "vocab_size", "cached_law", "PATCHES",
            "SAMPLING_EPS"]
 
@@ -90,13 +91,19 @@ def vllm_venv() -> Path:
 
 def vllm_python(venv=None) -> Path:
     """The environment's interpreter; a ``SpecrefError`` naming the script when it is not made (or broken)."""
-    venv = Path(venv).expanduser() if venv is not None else vllm_venv()
+    return environment_python(Path(venv).expanduser() if venv is not None else vllm_venv(), "vLLM", MAKE_SCRIPT,
+                              VENV_VARIABLE)
+
+
+def environment_python(venv: Path, what: str, script: str, variable: str) -> Path:
+    """``venv``'s interpreter, where ``script`` made the environment (it writes :data:`MARKER` last); else a
+    ``SpecrefError`` naming the environment (``what``), the script and ``$variable``."""
     python = venv / "bin" / "python"
-    how = f"run `python {MAKE_SCRIPT}` (or set ${VENV_VARIABLE} to an environment it made)"
+    how = f"run `python {script}` (or set ${variable} to an environment it made)"
     if not (venv / MARKER).is_file():
-        raise SpecrefError(f"the vLLM environment {venv} is not made ({MARKER} missing): {how}")
+        raise SpecrefError(f"the {what} environment {venv} is not made ({MARKER} missing): {how}")
     if not python.exists():
-        raise SpecrefError(f"the vLLM environment {venv} is broken (no bin/python): {how} with --force")
+        raise SpecrefError(f"the {what} environment {venv} is broken (no bin/python): {how} with --force")
     return python
 
 
