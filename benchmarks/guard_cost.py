@@ -24,7 +24,9 @@ Each tree is run with ``PYTHONPATH`` set to it, so its own ``specref`` is import
         --suite /tmp/before . --burners 0 --out benchmarks/out/guard_cost.json
     python benchmarks/guard_cost.py --suite . --burners 2 --merge benchmarks/out/guard_cost.json \\
         --out benchmarks/out/guard_cost.json
-    python benchmarks/guard_cost.py --suite . --workers 2 3 2 3 --out benchmarks/out/suite_workers.json
+    python benchmarks/guard_cost.py --suite . --workers 2 3 --out benchmarks/out/suite_workers.json
+    python benchmarks/guard_cost.py --suite . --workers 3 2 --merge benchmarks/out/suite_workers.json \\
+        --out benchmarks/out/suite_workers.json
 """
 
 from __future__ import annotations
