@@ -113,7 +113,7 @@ def suite(tree: Path, burners: int, workers: int = 0) -> dict:
     out = {"tree": "this checkout" if tree == ROOT else tree.name, "burners": burners, "seconds": seconds,
            "exit": code, "summary": line, "load_at_end": load}
     if workers:
-        out.update(workers=workers, command=" ".join(["python", "-m", "pytest", "-n", str(workers)]),
+        out.update(workers=workers, command=f"python -m pytest -n {workers}",
                    cpu_seconds=round(cpu, 1), load_before=load_before)
     return out
 

@@ -203,8 +203,8 @@ def _sampler_job(version: str, samples: int, impl: str = "cpu_sampler_global") -
     try:
         reports = _sampler_reports(default_sampler_cases(), impl, samples=samples, seed=SEED,
                                    python=venv / "bin" / "python")
-    except SpecrefError as e:  # the adapter's refusal, naming the release (the finding), is the last line
-        said = [line for line in str(e).splitlines() if "SpecrefError" in line]
+    except SpecrefError as e:  # the adapter's refusal names the release (the finding): n/a; anything else crashed
+        said = [line for line in str(e).splitlines() if "SpecrefError" in line and f"vllm {version}:" in line]
         return {"status": NA if said else "crashed", "note": (said[-1] if said else str(e))[-600:]}
     rows = [{"case": r["case"]["name"], "status": r["status"], "tv": r.get("tv"), "p": r.get("p_value"),
              "n": r.get("n_samples"), "detectable_tv": r.get("detectable_tv"), "detail": (r.get("detail") or "")[:SHORT]}

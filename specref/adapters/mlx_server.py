@@ -75,7 +75,6 @@ MLX_VERSION = "0.32.4"
 MLX_LM_VERSION = "0.32.2"
 MAKE_SCRIPT = "scripts/make_mlx_env.py"
 VENV_VARIABLE = "SPECREF_MLX_VENV"
-MARKER = ".specref-complete"
 MODEL_NAME = "default_model"  # the server's name for its --model (another name would make it load that path)
 
 
