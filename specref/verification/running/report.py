@@ -20,7 +20,7 @@ from specref.core.errors import SpecrefError, check_positive_int
 
 __all__ = ["Settings", "CaseResult", "Report", "law_verdict", "OK", "DIFFERS", "RAISED", "INVALID", "TIMEOUT", "ARITHMETIC",
            "CRASHED", "BUDGET", "RNG_MISUSE", "WRITES", "STATEFUL", "INTERNAL", "NOT_RUN", "MAX_TOLERANCE",
-           "TABLE_DETAIL", "BOUNDARY", "NOT_PIECEWISE", "NOT_RACE", "WORKER_FAILED", "EMITS_INVALID", "OUTCOMES", "EXIT_STATUS", "outcome_of", "EXIT_PRESERVES",
+           "TABLE_DETAIL", "BOUNDARY", "NOT_PIECEWISE", "NOT_RACE", "NOT_REPLAYED", "WORKER_FAILED", "EMITS_INVALID", "OUTCOMES", "EXIT_STATUS", "outcome_of", "EXIT_PRESERVES",
            "EXIT_ERROR"]
 
 OK, DIFFERS, RAISED, INVALID, TIMEOUT, ARITHMETIC = (
@@ -40,6 +40,7 @@ NOT_RUN = "not run"
 BOUNDARY = "boundary"
 NOT_PIECEWISE = "not piecewise constant"
 NOT_RACE = "not an exponential race"
+NOT_REPLAYED = "not replayed"  # vllm level, route="coins": an output that is not the reference on the coins the engine drew
 WORKER_FAILED = "worker failed"  # statistical mode: the process that ran a shard died or could not be reached
 # Batched levels (SPEC §11.7): an emitted id no engine may emit -- the placeholder before a real token, an id
 # outside 0..V-1, or an accepted placeholder draft (a padded position taken as a draft).
@@ -52,7 +53,7 @@ OUTCOMES = (
     ("differs", (DIFFERS,), 1),
     ("misbehaves", (RAISED, INVALID, EMITS_INVALID, CRASHED, ARITHMETIC, RNG_MISUSE, WRITES, STATEFUL), 3),
     ("boundary", (BOUNDARY,), 4),
-    ("could not be judged", (BUDGET, NOT_PIECEWISE, NOT_RACE, WORKER_FAILED), 5),
+    ("could not be judged", (BUDGET, NOT_PIECEWISE, NOT_RACE, NOT_REPLAYED, WORKER_FAILED), 5),
     ("timed out", (TIMEOUT, NOT_RUN), 6),
 )
 #: The CLI's exit status of each outcome (SPEC §13.3).
