@@ -213,8 +213,10 @@ def vllm_engine(rejection_sample, *, generators: str = "per_request", device=Non
             args = args[:5] + (args[5].softmax(dim=-1, dtype=torch.float32),) + args[6:]  # (all greedy: logits)
         return _seeded_call(rejection_sample, args, global_seed, dev, torch)
 
-    def fn(*call):
-        meta, args, global_seed = prepared(*call)
+    def fn(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+           bonus_token_ids, sampling_metadata):
+        meta, args, global_seed = prepared(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                                           draft_probs, target_logits, bonus_token_ids, sampling_metadata)
         coins = getattr(meta, "uniform_probs", None) is not None
         with enter(), (_coin_seams(rejection_sample, meta, args[5], dev, torch) if coins else contextlib.nullcontext()):
             out = run(args, global_seed)

@@ -957,7 +957,7 @@ def _engine_level(name, adapt, keep, reference):
     batched = next(level for level in _BATCHED if level.name == "batched")
 
     def run(level, fn, cases, settings):
-        if level.option("route") == "coins":
+        if name == "vllm" and level.option("route") == "coins":
             from specref.verification.levels.batched.coin_route import run_coin_route  # noqa: PLC0415 - it imports this module
 
             report = run_coin_route(run_batched, batched, adapt, fn, cases, settings)
@@ -970,16 +970,16 @@ def _engine_level(name, adapt, keep, reference):
     return Level(name, _SIGNATURES[name], lambda: [c for c in defaults() if keep(c)], run,
                  validate=lambda level, case, settings: batched.validate(batched, case, settings),
                  reference=fixed_reference(reference),
-                 planner=_routed(batched_planner("batched", lambda fn, case: (adapt(fn), case))),
+                 planner=_routed(batched_planner("batched", lambda fn, case: (adapt(fn), case)), name == "vllm"),
                  options=(ROUTE,) if name == "vllm" else ())
 
 
-def _routed(planner):
+def _routed(planner, routes: bool):
     """``planner`` of the function the check's statistical calls are made on: under ``route="coins"``,
     step 2's (the engine's draws through the reference), whose calls are the check's many."""
 
     def plan(level, fn, case, settings, seed):
-        if level.option("route") == "coins":
+        if routes and level.option("route") == "coins":
             from specref.verification.levels.batched.coin_route import drawn_calls  # noqa: PLC0415 - it imports this module
 
             fn = drawn_calls(fn)
