@@ -56,6 +56,13 @@ def run_path(kernels: str) -> tuple[float, list]:
     return time.perf_counter() - started, rows
 
 
+def _commit() -> str:
+    import subprocess
+
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
 def main(argv=None) -> int:
     from engine_mutants import machine  # the machine line of the engine benchmarks (triton and torch included)
 
@@ -68,8 +75,11 @@ def main(argv=None) -> int:
     unknown = [p for p in paths if p not in PATHS]
     if unknown:
         parser.error(f"--paths: unknown {', '.join(unknown)}; known: {', '.join(PATHS)}")
+    from specref.verification.levels.batched.coin_route import REPLAY_TV, replay_calls
+
     record = {"machine": {}, "command": "python benchmarks/coin_route_power.py " + " ".join(argv or sys.argv[1:]),
-              "seed": SEED, "repeats": args.repeats, "paths": {}}
+              "seed": SEED, "repeats": args.repeats, "replay_calls": replay_calls(), "replay_tv": REPLAY_TV,
+              "commit": _commit(), "paths": {}}
     for path in paths:
         runs = [run_path(PATHS[path]) for _ in range(args.repeats)]
         seconds = [s for s, _ in runs]
