@@ -230,7 +230,7 @@ def vllm_engine(rejection_sample, *, generators: str = "per_request", device=Non
             out = run(args, global_seed)
         return out, drawn
 
-    fn.specref_coin_route = CoinRoute(record=lambda *call: _record_output(*recorded(False, call)),
+    fn.specref_coin_route = CoinRoute(record=lambda *call: _record_output(*recorded(False, call)),  # type: ignore[attr-defined]
                                       draw=lambda *call: _coins_of(recorded(True, call)[1]))
     fn.__name__ = f"vllm_engine({getattr(rejection_sample, '__name__', 'rejection_sample')}, {generators})"
     return fn
