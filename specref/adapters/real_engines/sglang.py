@@ -25,6 +25,7 @@ from specref.adapters.real_engines.triton_interpreter import (
 from specref.adapters.real_engines.wheels import _LOADED, PINNED, _check_signature, _tree, selected_release
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
+from specref.verification.levels.batched.coin_route import CoinRoute
 
 SGLANG_STUBS = {
     "sglang.srt.utils": ("replaces SGLang's utilities (imports the runtime); the platform probes is_cuda, is_hip, "
@@ -93,7 +94,9 @@ def sglang_chain_engine(cache=None, release: str | None = None):
     with the committed token (0) in slot 0 and the drafts after it; ``retrive_index[b, j] =
     b (K+1) + j``; chain links; coins ``uniform_samples [B, K+1]`` and
     ``uniform_samples_for_final_sampling [B]`` from ``torch.rand`` with a generator seeded from
-    ``seed``, as SGLang's unseeded verify path draws them (float32 in [0, 1)); thresholds 1
+    ``seed``, as SGLang's unseeded verify path draws them (float32 in [0, 1)), which its coin route
+    (``specref_coin_route``, ``check("batched", fn, mode="statistical", route="coins")``, SPEC
+    §11.14) records and draws alone; thresholds 1
     (ignored by the chain kernel), ``block_verification=False``.  The emitted tokens are
     ``predicts[accept_index[b, :accept_token_num[b] + 1]]``.  Ragged rows are refused
     (SGLang's call is dense).  ``release``: another release from the cache (0.5.14 on; the same
@@ -102,15 +105,25 @@ def sglang_chain_engine(cache=None, release: str | None = None):
     call = _sglang_chain_call(cache, release)
     import torch  # noqa: PLC0415
 
-    def step_fn(p_target, q_draft, draft_tokens, seed):
+    def coins(draft_tokens, seed):
         seed = _statistical_seed(seed, "SGLang's chain_speculative_sampling_triton")
         B, K1 = np.shape(draft_tokens)[0], np.shape(draft_tokens)[1] + 1
         g = torch.Generator().manual_seed(int(_seeds(seed, 1, 3)[0]))
-        coins = torch.rand((B, K1), dtype=torch.float32, generator=g)
-        final = torch.rand((B,), dtype=torch.float32, generator=g)
-        return call(p_target, q_draft, draft_tokens, coins, final)
+        return torch.rand((B, K1), dtype=torch.float32, generator=g), torch.rand((B,), dtype=torch.float32, generator=g)
+
+    def step_fn(p_target, q_draft, draft_tokens, seed):
+        return call(p_target, q_draft, draft_tokens, *coins(draft_tokens, seed))
+
+    def draw(p_target, q_draft, draft_tokens, seed):
+        uniform, final = coins(draft_tokens, seed)
+        return uniform[:, :-1].numpy(), final.numpy()  # the chain kernel reads column i for draft i
+
+    def record(p_target, q_draft, draft_tokens, seed):
+        uniform, final = coins(draft_tokens, seed)
+        return call(p_target, q_draft, draft_tokens, uniform, final), uniform[:, :-1].numpy(), final.numpy()
 
     step_fn.__name__ = "sglang_chain_speculative_sampling_triton"
+    step_fn.specref_coin_route = CoinRoute(record=record, draw=draw)  # type: ignore[attr-defined]
     return step_fn
 
 

@@ -37,10 +37,11 @@ import numpy as np
 
 from specref.core.errors import SpecrefError
 from specref.verification.statistics.counts import PLAN_POWER
+from specref.verification.running.level import Option
 from specref.verification.running.report import NOT_REPLAYED, OK, RAISED, CaseResult, Report
 
 __all__ = ["CoinRoute", "coin_route_reference", "coin_route_engine", "replay_calls", "run_coin_route", "drawn_calls",
-           "REPLAY_TV", "CoinRouteMismatch"]
+           "REPLAY_TV", "CoinRouteMismatch", "VLLM", "BATCHED", "ROUTE", "ROUTES", "routed_planner", "routed_run"]
 
 REPLAY_TV = 0.01  # the bound the replay puts on P(an output is not the reference on the engine's coins)
 
@@ -52,7 +53,9 @@ class CoinRoute:
     ``record(*call) -> (output [B, K+1], uniform [T] | None, exponentials [B, V] | None)``: the
     engine's call, its own draws recorded (None where it drew none: an all-greedy call);
     ``draw(*call) -> (uniform, exponentials)``: the same draws with every kernel stubbed.
-    :func:`specref.adapters.engines.vllm_engine` attaches one."""
+    :func:`specref.adapters.engines.vllm_engine` attaches one.  At the ``batched`` level the call
+    is the step_fn's and the coins are ``(uniform_coins [B, K], final_coins [B])``
+    (:func:`specref.adapters.real_engines.sglang_chain_engine` attaches one)."""
 
     record: Callable
     draw: Callable
@@ -192,26 +195,55 @@ def _emits_invalid(got, V: int) -> bool:
     return bool(((got < -1) | (got >= V)).any() or (np.maximum.accumulate(placeholder, axis=1) & ~placeholder).any())
 
 
-def _replaying(route: CoinRoute):
-    """The ``vllm`` call that makes the engine's recorded call, checks it against the reference on
-    its coins and against the stubbed draw, and returns the engine's output (raising
+@dataclass(frozen=True)
+class _Call:
+    """What the route needs of a level's call: the reference on the coins, where it reads them,
+    the tokens of an output, and V."""
+
+    reference: Callable  # (call, coins) -> tokens [B, K+1]
+    used: Callable  # call -> one index per coin array: where the reference reads it
+    tokens: Callable  # output -> tokens [B, K+1]
+    vocab: Callable  # call -> V
+
+
+VLLM = _Call(lambda call, coins: coin_route_reference(*call, *coins), _used, np.asarray,
+             lambda call: np.shape(call[5])[-1])
+"""The ``vllm`` level's call (vLLM V1's ``rejection_sample``): coins ``(uniform [T], exponentials [B, V])``."""
+
+
+def _chain_on_coins(call, coins):
+    from specref.verification.levels.coins.kernels import engine_coin_kernel  # noqa: PLC0415 - a sibling room's level
+
+    return engine_coin_kernel(*call[:3], *coins)
+
+
+BATCHED = _Call(_chain_on_coins, lambda call: (slice(None), slice(None)),
+                lambda out: np.asarray(out[0] if isinstance(out, tuple) else out), lambda call: np.shape(call[0])[-1])
+"""The ``batched`` level's call (``step_fn(p_target, q_draft, draft_tokens, seed)``): coins
+``(uniform_coins [B, K], final_coins [B])`` read as the ``batched_coins`` level reads them
+(``engine_coin_kernel``: ``coin * q < p``, the inverse CDF of the residual or bonus row)."""
+
+
+def _replaying(route: CoinRoute, shape: _Call):
+    """The level's call that makes the engine's recorded call, checks it against the reference on
+    its coins and against the draws alone, and returns the engine's output (raising
     :class:`CoinRouteMismatch` on a mismatch)."""
 
     def fn(*call):
-        out, uniform, exponentials = route.record(*call)
-        want = coin_route_reference(*call, uniform, exponentials)
-        got = np.asarray(out)
-        if got.shape == want.shape and (got != want).any() and _emits_invalid(got, np.shape(call[5])[-1]):
+        out, *coins = route.record(*call)
+        want = shape.reference(call, coins)
+        got = shape.tokens(out)
+        if got.shape == want.shape and (got != want).any() and _emits_invalid(got, shape.vocab(call)):
             return out  # the oracle names it: emits an invalid id, whatever the route
         if got.shape != want.shape or (got != want).any():
             rows = sorted({int(b) for b in np.argwhere(got != want)[:, 0]}) if got.shape == want.shape else "all"
             raise CoinRouteMismatch(f"the engine's output is not the reference on the coins it drew: request(s) "
                                     f"{rows}: engine {got.tolist()!s:.160}, reference on its coins {want.tolist()!s:.160}")
         again = route.draw(*call)
-        for name, a, b, used in zip(("uniform", "exponentials"), (uniform, exponentials), again, _used(call)):
+        for i, (a, b, used) in enumerate(zip(coins, again, shape.used(call))):
             if (a is None) != (b is None) or (a is not None and not np.array_equal(np.asarray(a)[used],
                                                                                   np.asarray(b)[used])):
-                raise CoinRouteMismatch(f"the draws alone (kernels stubbed) gave other {name} coins than the "
+                raise CoinRouteMismatch(f"the draws alone (kernels stubbed) gave other {_COIN_NAMES[i]} than the "
                                         "engine's call with the same seeds: the route cannot reproduce its coins")
         return out
 
@@ -219,20 +251,23 @@ def _replaying(route: CoinRoute):
     return fn
 
 
-def _drawn(route: CoinRoute):
-    """The ``vllm`` call of step 2: the engine's own draws, then the reference on them."""
+_COIN_NAMES = ("uniform coins", "exponentials or final coins")
+
+
+def _drawn(route: CoinRoute, shape: _Call):
+    """Step 2's call: the engine's own draws, then the reference on them."""
 
     def fn(*call):
-        return coin_route_reference(*call, *route.draw(*call))
+        return shape.reference(call, route.draw(*call))
 
     fn.__name__ = "coin_route_reference(engine draws)"
     return fn
 
 
-def drawn_calls(fn):
+def drawn_calls(fn, shape: _Call = VLLM):
     """Step 2's function for ``fn`` (its coin route's draws through the reference): what a plan of
     the coin route times."""
-    return _drawn(_route_of(fn))
+    return _drawn(_route_of(fn), shape)
 
 
 def _route_of(fn) -> CoinRoute:
@@ -262,7 +297,7 @@ def _merged(replayed: CaseResult, drawn: CaseResult | None, calls: int) -> CaseR
     return dataclasses.replace(drawn, detail=head + drawn.detail)
 
 
-def run_coin_route(run_batched, level, step_style, fn, cases, settings) -> Report:
+def run_coin_route(run_batched, level, step_style, fn, cases, settings, shape: _Call = VLLM) -> Report:
     """The coin route over ``cases``: the replay of every case (one ``run_batched`` check, one copy of
     the rows per call), then step 2 for the cases the replay passed (another), merged per case."""
     route = _route_of(fn)
@@ -270,13 +305,54 @@ def run_coin_route(run_batched, level, step_style, fn, cases, settings) -> Repor
         raise SpecrefError(f"route='coins' is a statistical check (mode='statistical'), got mode={settings.mode!r}")
     calls = replay_calls()
     one_copy = [dataclasses.replace(c, memory_budget=1) for c in cases]
-    replay = run_batched(level, step_style(_replaying(route)), one_copy, dataclasses.replace(settings, samples=calls))
+    replay = run_batched(level, step_style(_replaying(route, shape)), one_copy,
+                         dataclasses.replace(settings, samples=calls))
     passed = [i for i, r in enumerate(replay.results) if r.status == OK]
     drawn = {}
     if passed:
-        second = run_batched(level, step_style(_drawn(route)), [cases[i] for i in passed], settings)
+        second = run_batched(level, step_style(_drawn(route, shape)), [cases[i] for i in passed], settings)
         drawn = dict(zip(passed, second.results))
     results = [_merged(r, drawn.get(i), calls) for i, r in enumerate(replay.results)]
     for r, case in zip(results, cases):
         r.case = case
     return Report(replay.level, replay.mode, results)
+
+
+ROUTES = ("engine", "coins")
+
+
+def _route(value):
+    if not isinstance(value, str) or value not in ROUTES:
+        raise SpecrefError(f"route must be 'engine' (the engine's outputs, judged statistically) or 'coins' (its own "
+                           f"coins replayed through the reference, SPEC §11.14), got {value!r:.80}")
+    return value
+
+
+ROUTE = Option("route", "how the level reaches the engine: 'engine' or 'coins'",
+               phrase="route (how the engine is reached) applies", default="engine", check=_route)
+"""``check("vllm", fn, mode="statistical", route="coins")`` (or ``"batched"``): the coin route
+(``fn.specref_coin_route``, which :func:`specref.adapters.engines.vllm_engine` and
+:func:`specref.adapters.real_engines.sglang_chain_engine` attach)."""
+
+
+def routed_planner(planner, shape: _Call | None):
+    """``planner`` of the function the check's statistical calls are made on: under ``route="coins"``,
+    step 2's (the engine's draws through the reference), whose calls are the check's many."""
+
+    def plan(level, fn, case, settings, seed):
+        if shape is not None and level.option("route") == "coins":
+            fn = drawn_calls(fn, shape)
+        return planner(level, fn, case, settings, seed)
+
+    return plan
+
+
+def routed_run(run_batched):
+    """The ``batched`` level's run: ``run_batched``, or the coin route (:data:`BATCHED`) under ``route="coins"``."""
+
+    def run(level, fn, cases, settings):
+        if level.option("route") == "coins":
+            return run_coin_route(run_batched, level, lambda step: step, fn, cases, settings, BATCHED)
+        return run_batched(level, fn, cases, settings)
+
+    return run

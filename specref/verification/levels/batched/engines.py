@@ -85,7 +85,8 @@ from specref.decoding.batched import PLACEHOLDER, batched_step, row_tolerance
 from specref.verification.levels.batched.steps import (BatchedCase, batched_planner, default_batched_cases,
                                                       run_batched)
 from specref.verification.levels.batched.steps import LEVELS as _BATCHED
-from specref.verification.running.level import Level, Option, fixed_reference
+from specref.verification.levels.batched.coin_route import ROUTE, VLLM, routed_planner, run_coin_route
+from specref.verification.running.level import Level, fixed_reference
 
 __all__ = [
     "VLLM_CALL",
@@ -958,9 +959,7 @@ def _engine_level(name, adapt, keep, reference):
 
     def run(level, fn, cases, settings):
         if name == "vllm" and level.option("route") == "coins":
-            from specref.verification.levels.batched.coin_route import run_coin_route  # noqa: PLC0415 - it imports this module
-
-            report = run_coin_route(run_batched, batched, adapt, fn, cases, settings)
+            report = run_coin_route(run_batched, batched, adapt, fn, cases, settings, VLLM)
         else:
             report = run_batched(batched, adapt(fn), cases, settings)
         report.level = level.name
@@ -970,39 +969,9 @@ def _engine_level(name, adapt, keep, reference):
     return Level(name, _SIGNATURES[name], lambda: [c for c in defaults() if keep(c)], run,
                  validate=lambda level, case, settings: batched.validate(batched, case, settings),
                  reference=fixed_reference(reference),
-                 planner=_routed(batched_planner("batched", lambda fn, case: (adapt(fn), case)), name == "vllm"),
+                 planner=routed_planner(batched_planner("batched", lambda fn, case: (adapt(fn), case)),
+                                        VLLM if name == "vllm" else None),
                  options=(ROUTE,) if name == "vllm" else ())
-
-
-def _routed(planner, routes: bool):
-    """``planner`` of the function the check's statistical calls are made on: under ``route="coins"``,
-    step 2's (the engine's draws through the reference), whose calls are the check's many."""
-
-    def plan(level, fn, case, settings, seed):
-        if routes and level.option("route") == "coins":
-            from specref.verification.levels.batched.coin_route import drawn_calls  # noqa: PLC0415 - it imports this module
-
-            fn = drawn_calls(fn)
-        return planner(level, fn, case, settings, seed)
-
-    return plan
-
-
-ROUTES = ("engine", "coins")
-
-
-def _route(value):
-    if not isinstance(value, str) or value not in ROUTES:
-        raise SpecrefError(f"route must be 'engine' (the engine's outputs, judged statistically) or 'coins' (its own "
-                           f"coins replayed through the reference, SPEC §11.14), got {value!r:.80}")
-    return value
-
-
-ROUTE = Option("route", "how the vllm level reaches the engine: 'engine' or 'coins'",
-               phrase="route (how the engine is reached) applies", default="engine", check=_route)
-"""``check("vllm", fn, mode="statistical", route="coins")``: the coin route of
-:mod:`specref.verification.levels.batched.coin_route` (``fn.specref_coin_route``, which
-:func:`specref.adapters.engines.vllm_engine` attaches)."""
 
 
 _SIGNATURES = {

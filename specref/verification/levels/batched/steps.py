@@ -87,6 +87,7 @@ from specref.verification.running.calling import (Misbehaved, call, can_isolate,
                                                   short_repr)
 from specref.verification.laws.enumeration import compare, law
 from specref.verification.levels.runner import PILOT, run_cases, samples_in_budget
+from specref.verification.levels.batched.coin_route import BATCHED, ROUTE, routed_planner, routed_run
 from specref.verification.running.level import CasePlan, Level, Option, fixed_reference
 from specref.verification.running.progress import progress_bar
 from specref.verification.running.report import (DIFFERS, EMITS_INVALID, INVALID, OK, RNG_MISUSE, WRITES, CaseResult,
@@ -1331,9 +1332,10 @@ ARRAY = Option("array", "what the rows are handed as in statistical mode: 'numpy
 # replaces default_batched_cases in this module changes what the levels run.
 LEVELS = (
     Level("batched", "step_fn(p_target [B, K+1, V], q_draft [B, K, V] | None, draft_tokens [B, K], seed) "
-                     "-> [B, K+1] padded with -1", lambda: default_batched_cases("batched"), run_batched,
-          validate=_validate, reference=fixed_reference(batched_step), planner=batched_planner("batched"),
-          options=(ARRAY,), shorthand="check_batched_step"),
+                     "-> [B, K+1] padded with -1", lambda: default_batched_cases("batched"), routed_run(run_batched),
+          validate=_validate, reference=fixed_reference(batched_step),
+          planner=routed_planner(batched_planner("batched"), BATCHED), options=(ARRAY, ROUTE),
+          shorthand="check_batched_step"),
     Level("draft_and_verify", "step_fn(p_target [B, K+1, V], q_draft [B, K, V], seed) -> [B, K+1] padded with -1",
           lambda: default_batched_cases("draft_and_verify"), run_batched, validate=_validate,
           reference=fixed_reference(batched_draft_and_verify), planner=batched_planner("draft_and_verify"),
