@@ -176,15 +176,6 @@ LONG = {"time_limit": 120.0, "case_time_limit": 600.0, "progress": False}
 REAL = [CASES[n] for n in ("mixed-requests", "padded-drafts")]
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    torch = pytest.importorskip("torch")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield torch
-    torch.set_num_threads(before)
-
-
 @needs_wheels
 def test_vllm_triton_kernels_pass_the_coin_route(one_thread):
     """vLLM 0.33.0's Triton kernels in the interpreter, on the two cases with per-request fields

