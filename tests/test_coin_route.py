@@ -22,7 +22,7 @@ import pytest
 
 from specref.core.errors import SpecrefError
 from specref.verification.levels import LEVELS
-from specref.verification.levels.batched.coin_route import (REPLAY_TV, CoinRoute, coin_route_engine,
+from specref.verification.levels.batched.coin_route import (REPLAY_TV, CoinRoute, chain_on_coins, coin_route_engine,
                                                             coin_route_reference, replay_calls)
 from specref.verification.levels.coins.kernels import engine_coin_kernel
 from specref.verification.oracle import check
@@ -134,7 +134,7 @@ def test_the_route_is_refused_where_it_cannot_run():
 
 def _batched_engine(one_coin=False):
     """A ``batched`` step_fn on NumPy's coins (``uniform_coins [B, K]``, ``final_coins [B]``, float64
-    from the seed), through the ``batched_coins`` level's reference kernel, with its coin route;
+    from the seed), through ``chain_on_coins``, with its coin route;
     ``one_coin``: every draft of a row tested with the row's first coin (wrong)."""
 
     def draw(p_target, q_draft, draft_tokens, seed):
@@ -145,13 +145,32 @@ def _batched_engine(one_coin=False):
 
     def record(p_target, q_draft, draft_tokens, seed):
         coins = draw(p_target, q_draft, draft_tokens, seed)
-        return engine_coin_kernel(p_target, q_draft, draft_tokens, *coins), *coins
+        return chain_on_coins(p_target, q_draft, draft_tokens, *coins), *coins
 
     def step_fn(p_target, q_draft, draft_tokens, seed):
         return record(p_target, q_draft, draft_tokens, seed)[0]
 
     step_fn.specref_coin_route = CoinRoute(record=record, draw=draw)
     return step_fn
+
+
+def test_chain_on_coins_is_the_batched_coins_levels_kernel_row_by_row():
+    """Two routes to the same map from coins to tokens: the vectorised reference of the route and
+    ``engine_coin_kernel`` (a loop over rows), on every batched default case, 200 draws of coins each
+    (float64 and float32 coins; ragged rows, point-mass drafts, zero drafts)."""
+    rng = np.random.default_rng(23)
+    for case in LEVELS["batched"].cases():
+        p, q = np.asarray(case.p_target, dtype=np.float64), case.q_draft
+        q = None if q is None else np.asarray(q, dtype=np.float64)
+        B, K1, V = p.shape
+        for dtype in (np.float64, np.float32):
+            for _ in range(100):
+                x = np.array([[rng.choice(V, p=(q[b, i] if q is not None else p[b, i])) for i in range(K1 - 1)]
+                              for b in range(B)])
+                if case.num_draft is not None:
+                    x[np.arange(K1 - 1)[None, :] >= np.asarray(case.num_draft)[:, None]] = -1
+                u, f = rng.random((B, K1 - 1)).astype(dtype), rng.random(B).astype(dtype)
+                assert (chain_on_coins(p, q, x, u, f) == engine_coin_kernel(p, q, x, u, f)).all(), (case.name, x, u, f)
 
 
 def test_the_batched_levels_route_passes_a_correct_engine_and_finds_one_coin_per_row():

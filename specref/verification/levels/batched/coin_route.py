@@ -41,7 +41,7 @@ from specref.verification.running.level import Option
 from specref.verification.running.report import NOT_REPLAYED, OK, RAISED, CaseResult, Report
 
 __all__ = ["CoinRoute", "coin_route_reference", "coin_route_engine", "replay_calls", "run_coin_route", "drawn_calls",
-           "REPLAY_TV", "CoinRouteMismatch", "VLLM", "BATCHED", "ROUTE", "ROUTES", "routed_planner", "routed_run"]
+           "REPLAY_TV", "CoinRouteMismatch", "VLLM", "BATCHED", "chain_on_coins", "ROUTE", "ROUTES", "routed_planner", "routed_run"]
 
 REPLAY_TV = 0.01  # the bound the replay puts on P(an output is not the reference on the engine's coins)
 
@@ -211,17 +211,55 @@ VLLM = _Call(lambda call, coins: coin_route_reference(*call, *coins), _used, np.
 """The ``vllm`` level's call (vLLM V1's ``rejection_sample``): coins ``(uniform [T], exponentials [B, V])``."""
 
 
-def _chain_on_coins(call, coins):
-    from specref.verification.levels.coins.kernels import engine_coin_kernel  # noqa: PLC0415 - a sibling room's level
+def chain_on_coins(p_target, q_draft, draft_tokens, uniform_coins, final_coins):
+    """(correct) The chain rule on float coins, every row at once: ``[B, K+1]`` padded with -1.
 
-    return engine_coin_kernel(*call[:3], *coins)
+    The ``batched_coins`` level's convention (and ``engine_coin_kernel``'s, which loops over rows;
+    a test holds the two equal): draft ``i`` of row ``b`` accepted iff ``uniform_coins[b, i] * q < p``
+    (point mass: ``coin < p``) until the row's ``k_b`` drafts (-1 pads); then the token
+    ``#{j : cdf_j <= u * total}`` of the residual ``max(p - q, 0)`` (point mass: ``p`` without the
+    draft; ``p`` itself when the residual is empty) at a rejection, else of the bonus row ``p[k_b]``,
+    with ``u = final_coins[b]``, capped at the row's last token of positive weight."""
+    p = np.asarray(p_target)
+    q = None if q_draft is None else np.asarray(q_draft)
+    x = np.asarray(draft_tokens).astype(np.int64)
+    u, fin = np.asarray(uniform_coins), np.asarray(final_coins)
+    B, K1, V = p.shape
+    K, rows, cols = K1 - 1, np.arange(B), np.arange(K1 - 1)
+    pad = x == -1
+    k = np.where(pad.any(axis=1), pad.argmax(axis=1), K)
+    xi = np.where(pad, 0, x)
+    px = p[rows[:, None], cols[None, :], xi]
+    accept = u * q[rows[:, None], cols[None, :], xi] < px if q is not None else u < px
+    accept &= cols[None, :] < k[:, None]
+    n = np.where((~accept).any(axis=1), (~accept).argmax(axis=1), K)  # the first position not accepted
+    out = np.full((B, K1), -1, dtype=np.int64)
+    out[:, :K] = np.where(cols[None, :] < n[:, None], x, -1)
+    row = p[rows, n]  # [B, V]: the rejected position's target row, or the bonus row
+    w = row.copy()
+    rejected = np.flatnonzero(n < k)
+    if q is None:
+        w[rejected, x[rejected, n[rejected]]] = 0
+    else:
+        w[rejected] = np.maximum(row[rejected] - q[rejected, n[rejected]], 0)
+    empty = ~(w.sum(axis=1) > 0)
+    w[empty] = row[empty]
+    cdf = np.cumsum(w, axis=1)
+    y = (cdf <= fin[:, None] * cdf[:, -1:]).sum(axis=1)
+    last = V - 1 - np.argmax(w[:, ::-1] > 0, axis=1)
+    out[rows, n] = np.minimum(y, last)  # u * total == total only by rounding
+    return out
+
+
+def _chain_on_coins(call, coins):
+    return chain_on_coins(*call[:3], *coins)
 
 
 BATCHED = _Call(_chain_on_coins, lambda call: (slice(None), slice(None)),
                 lambda out: np.asarray(out[0] if isinstance(out, tuple) else out), lambda call: np.shape(call[0])[-1])
 """The ``batched`` level's call (``step_fn(p_target, q_draft, draft_tokens, seed)``): coins
 ``(uniform_coins [B, K], final_coins [B])`` read as the ``batched_coins`` level reads them
-(``engine_coin_kernel``: ``coin * q < p``, the inverse CDF of the residual or bonus row)."""
+(:func:`chain_on_coins`: ``coin * q < p``, the inverse CDF of the residual or bonus row)."""
 
 
 def _replaying(route: CoinRoute, shape: _Call):
