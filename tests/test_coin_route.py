@@ -9,8 +9,8 @@ The route's two parts are each checked against something that can fail:
   earns: hidden randomness is ``not replayed``, draws that cannot be reproduced are ``not
   replayed``, one coin shared by a request's drafts ``differs``;
 - the real kernels: vLLM 0.33.0's Triton kernels (interpreter) pass the coin route on
-  ``mixed-requests``, at a detectable TV below 0.01 plus the replay's 0.01, and SGLang's chain kernel
-  on ``two-rows``; vllm-cpu 0.32.0's C++ kernels emit their
+  ``mixed-requests``, at a detectable TV below 0.02 plus the replay's 0.01, and SGLang's chain kernel
+  on ``two-rows`` below 0.01; vllm-cpu 0.32.0's C++ kernels emit their
   placeholder (``emits an invalid id``, as by the default route); vllm-cpu with its
   ``generate_uniform_probs`` patched to one coin per request ``differs``.
 
@@ -199,13 +199,13 @@ REAL = [CASES["mixed-requests"]]
 @needs_wheels
 def test_vllm_triton_kernels_pass_the_coin_route(one_thread):
     """vLLM 0.33.0's Triton kernels in the interpreter, on ``mixed-requests`` (greedy and sampled,
-    seeded and unseeded requests, a zero-draft one): 230 replayed calls, then the planned N of the
-    draws through the reference (143,321 per row, detectable TV below 0.01).  Every default case:
-    ``benchmarks/coin_route_power.py``."""
+    seeded and unseeded requests, a zero-draft one): 230 replayed calls, then the draws through the
+    reference at the N planned for TV 0.02 (detectable TV below 0.02).  Every default case at the
+    level's 0.01: ``benchmarks/coin_route_power.py``."""
     report = check("vllm", re_.vllm_v1_engine("triton"), cases=REAL, mode="statistical", seed=16, route="coins",
-                   **LONG)
+                   detect_tv=0.02, **LONG)
     assert report.ok, str(report)
-    assert all(r.detectable_tv < 0.01 for r in report.results), str(report)
+    assert all(r.detectable_tv < 0.02 for r in report.results), str(report)
 
 
 @needs_wheels
@@ -222,7 +222,8 @@ def test_vllm_cpu_emits_its_placeholder_on_the_coin_route_too(one_thread):
 def test_a_real_engine_with_one_coin_per_request_differs_on_the_coin_route(one_thread, monkeypatch):
     """vllm-cpu 0.32.0 with its ``generate_uniform_probs`` patched so that every draft of a request
     is tested with the request's first coin: the engine is the reference on its own coins, so the
-    replay passes, and step 2 finds the law."""
+    replay passes, and step 2 finds the law (its accepted lengths move by TV 0.04 or more; N planned
+    for 0.03)."""
     torch = one_thread
     fn = re_.vllm_v1_engine("cpp")
     module = re_.vllm_v1._v1("cpp")[0].__globals__
@@ -235,7 +236,8 @@ def test_a_real_engine_with_one_coin_per_request_differs_on_the_coin_route(one_t
         return coins[first]
 
     monkeypatch.setitem(module, "generate_uniform_probs", one_coin)
-    report = check("vllm", fn, cases=[CASES["two-rows"]], mode="statistical", seed=18, route="coins", **LONG)
+    report = check("vllm", fn, cases=[CASES["two-rows"]], mode="statistical", seed=18, route="coins", detect_tv=0.03,
+                   **LONG)
     (r,) = report.results
     assert r.status == "differs" and r.detail.startswith("replayed on 230 calls"), str(report)
 
