@@ -228,10 +228,10 @@ def vllm_engine(rejection_sample, *, generators: str = "per_request", device=Non
             raise SpecrefError("the coin route records the coins the engine draws; this sampling_metadata hands coins in")
         with enter(), _recording_seams(rejection_sample, stub, torch) as drawn:
             out = run(args, global_seed)
-        return out, drawn
+        return out.cpu().numpy(), drawn["uniform"], drawn["exponentials"]
 
-    fn.specref_coin_route = CoinRoute(record=lambda *call: _record_output(*recorded(False, call)),  # type: ignore[attr-defined]
-                                      draw=lambda *call: _coins_of(recorded(True, call)[1]))
+    fn.specref_coin_route = CoinRoute(record=lambda *call: recorded(False, call),  # type: ignore[attr-defined]
+                                      draw=lambda *call: recorded(True, call)[1:])
     fn.__name__ = f"vllm_engine({getattr(rejection_sample, '__name__', 'rejection_sample')}, {generators})"
     return fn
 
@@ -293,6 +293,17 @@ def _drawn_dtype(generate_uniform_probs, dev, torch) -> str:
         return str(generate_uniform_probs(1, [1], {}, dev).dtype).replace("torch.", "")
 
 
+@contextlib.contextmanager
+def _replaced(module: dict, **replacements):
+    """For the block, ``module``'s names given as keywords hold the values given; put back afterwards."""
+    own = {name: module[name] for name in replacements}
+    module.update(replacements)
+    try:
+        yield
+    finally:
+        module.update(own)
+
+
 def _seam_module(rejection_sample) -> dict:
     """The globals of ``rejection_sample``'s module, which must hold the two functions of :data:`SEAMS`."""
     module = getattr(rejection_sample, "__globals__", None)
@@ -337,11 +348,8 @@ def _coin_seams(rejection_sample, meta, target_logits, dev, torch):
         with _served_exponentials(exponentials, torch):
             return own_recovered(*args, **kwargs)
 
-    module.update(generate_uniform_probs=generate_uniform_probs, sample_recovered_tokens=sample_recovered_tokens)
-    try:
+    with _replaced(module, generate_uniform_probs=generate_uniform_probs, sample_recovered_tokens=sample_recovered_tokens):
         yield
-    finally:
-        module.update(generate_uniform_probs=own_uniform, sample_recovered_tokens=own_recovered)
 
 
 KERNEL_CLASSES = frozenset({"JITFunction", "InterpretedFunction", "Autotuner", "Heuristics", "KernelOverride",
@@ -404,20 +412,9 @@ def _recording_seams(rejection_sample, stub, torch):
         return out
 
     stubs = {name: _StubKernel() for name in _kernel_names(module)} if stub else {}
-    own = {name: module[name] for name in stubs}
-    module.update(generate_uniform_probs=generate_uniform_probs, sample_recovered_tokens=sample_recovered_tokens, **stubs)
-    try:
+    with _replaced(module, generate_uniform_probs=generate_uniform_probs, sample_recovered_tokens=sample_recovered_tokens,
+                   **stubs):
         yield drawn
-    finally:
-        module.update(generate_uniform_probs=own_uniform, sample_recovered_tokens=own_recovered, **own)
-
-
-def _coins_of(drawn: dict) -> tuple:
-    return drawn["uniform"], drawn["exponentials"]
-
-
-def _record_output(out, drawn: dict) -> tuple:
-    return (out.cpu().numpy(), *_coins_of(drawn))
 
 
 def _generator_seeds(meta, B, generators, coins):

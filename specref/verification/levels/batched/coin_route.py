@@ -41,7 +41,7 @@ from specref.verification.running.level import Option
 from specref.verification.running.report import NOT_REPLAYED, OK, RAISED, CaseResult, Report
 
 __all__ = ["CoinRoute", "coin_route_reference", "coin_route_engine", "replay_calls", "run_coin_route", "drawn_calls",
-           "REPLAY_TV", "CoinRouteMismatch", "VLLM", "BATCHED", "chain_on_coins", "ROUTE", "ROUTES", "routed_planner", "routed_run"]
+           "REPLAY_TV", "CoinRouteMismatch", "VLLM", "BATCHED", "chain_on_coins", "softmax32", "ROUTE", "ROUTES", "routed_planner", "routed_run"]
 
 REPLAY_TV = 0.01  # the bound the replay puts on P(an output is not the reference on the engine's coins)
 
@@ -71,8 +71,11 @@ def replay_calls() -> int:
     return math.ceil(math.log1p(-PLAN_POWER) / math.log1p(-REPLAY_TV))
 
 
-def _softmax32(z):
-    e = np.exp(z - z.max(axis=-1, keepdims=True))
+def softmax32(z):
+    """The float32 softmax of logits rows, as an engine computes it (``exp(z - max)``, normalised)."""
+    z = np.asarray(z, dtype=np.float32)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(z - z.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
 
@@ -85,7 +88,7 @@ def _accepted(x, live, g_t, logits, q, uniform):
     if s.any():
         xi = np.where(live, x, 0)[s]
         rows = np.arange(int(s.sum()))
-        px = _softmax32(logits[s])[rows, xi]
+        px = softmax32(logits[s])[rows, xi]
         qx = np.ones_like(px) if q is None else q[s][rows, xi]
         with np.errstate(divide="ignore", invalid="ignore"):
             accept[s] = live[s] & (qx > 0) & (np.asarray(uniform, dtype=np.float64)[s] < px / qx)
@@ -129,7 +132,7 @@ def coin_route_reference(draft_token_ids, num_draft_tokens, max_spec_len, cu_num
     out[rb[greedy_rb], first[rb[greedy_rb]]] = logits[rt[greedy_rb]].argmax(axis=1)
     sb, st = rb[~greedy_rb], rt[~greedy_rb]
     if len(st):
-        p = _softmax32(logits[st])
+        p = softmax32(logits[st])
         if q is None:
             own = live[st]
             p[np.flatnonzero(own), x[st][own]] = 0

@@ -85,6 +85,7 @@ import numpy as np
 from specref.core.errors import SpecrefError
 from specref.verification.laws.coins import CoinBudgetError, NotPiecewiseConstant, coin_law, grid_bits, resolution_text
 from specref.verification.laws.enumeration import compare
+from specref.verification.levels.batched.coin_route import softmax32
 from specref.verification.levels.batched.steps import parse_output
 from specref.verification.levels.coins.kernels import (BOUNDARY, NOT_PIECEWISE, CoinCase, _exact_in, _exact_only,
                                                _grid_reference, _row_thresholds, _validate_coin_case, _verdict,
@@ -151,14 +152,6 @@ class CoinMetadata(SamplingMetadata):
 
 
 # ---------------------------------------------------------------- kernels in vLLM's call (NumPy)
-
-
-def softmax32(z):
-    """The float32 softmax of logits rows, as an engine computes it (``exp(z - max)``, normalised)."""
-    z = np.asarray(z, dtype=np.float32)
-    with np.errstate(invalid="ignore"):
-        e = np.exp(z - z.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
 
 
 def _vllm_numpy(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
