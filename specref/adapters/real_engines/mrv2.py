@@ -12,10 +12,12 @@ from __future__ import annotations
 import numpy as np
 
 from specref.adapters.real_engines.conversions import _logits, _seeds, _statistical_seed
+from specref.adapters.real_engines.mrv2_route import drawn, mrv2_on_coins, recording
 from specref.adapters.real_engines.vllm_tree import _vllm_shim
 from specref.adapters.real_engines.wheels import _LOADED, _check_signature
 from specref.core.backend import to_numpy
 from specref.core.errors import SpecrefError
+from specref.verification.levels.batched.coin_route import CoinRoute
 
 _MRV2 = ("target_logits", "draft_logits", "draft_sampled", "cu_num_logits", "pos", "idx_mapping", "expanded_idx_mapping",
          "expanded_local_pos", "temperature", "seed", "num_speculative_steps", "synthetic_conditional_rates", "use_fp64",
@@ -85,29 +87,60 @@ def mrv2_engine(cache=None, *, temperature: float = 1.0, use_fp64: bool = False)
     rejection_sample, shim = _mrv2(cache)
     import torch  # noqa: PLC0415
 
-    def step_fn(p_target, q_draft, draft_tokens, seed):
+    def inputs(p_target, q_draft, draft_tokens, seed) -> tuple:
+        """``(target_logits [B, K+1, V], draft_logits | None, k [B], drafts [B, K], seeds [B])``."""
         seed = _statistical_seed(seed, "MRV2's rejection_sample")
         p = np.asarray(to_numpy(p_target), dtype=np.float32)
         x = np.asarray(to_numpy(draft_tokens), dtype=np.int64)
-        B, K1, V = p.shape
-        K = K1 - 1
         pad = x == -1
-        k, local, req, cu, draft_sampled = _layout([x[b, :n] for b, n in enumerate(
-            np.where(pad.any(axis=1), pad.argmax(axis=1), K))])
-        rows = np.concatenate([np.arange(k[b] + 1) + b * K1 for b in range(B)])  # [num_logits] into [B*(K+1)]
-        target_logits = _logits(p.reshape(B * K1, V)[rows], torch)
+        k = np.where(pad.any(axis=1), pad.argmax(axis=1), x.shape[1])
         draft_logits = None if q_draft is None else temperature * _logits(q_draft, torch)
+        return _logits(p, torch), draft_logits, k, x, _seeds(seed, len(p), 2).astype(np.int64)
+
+    def step_fn(p_target, q_draft, draft_tokens, seed):
+        target, draft_logits, k, x, seeds = inputs(p_target, q_draft, draft_tokens, seed)
+        B, K1, V = target.shape
+        _, local, req, cu, draft_sampled = _layout([x[b, :n] for b, n in enumerate(k)])
+        rows = np.concatenate([np.arange(k[b] + 1) + b * K1 for b in range(B)])  # [num_logits] into [B*(K+1)]
         with shim.active():
             sampled, num_sampled = rejection_sample(
-                target_logits, draft_logits, torch.from_numpy(draft_sampled), torch.from_numpy(cu.astype(np.int32)),
+                target.reshape(B * K1, V)[torch.from_numpy(rows)].contiguous(), draft_logits,
+                torch.from_numpy(draft_sampled), torch.from_numpy(cu.astype(np.int32)),
                 torch.from_numpy(_POS0 + local), torch.arange(B, dtype=torch.int32),
                 torch.from_numpy(req.astype(np.int32)), torch.from_numpy(local.astype(np.int32)),
-                torch.full((B,), temperature, dtype=torch.float32),
-                torch.from_numpy(_seeds(seed, B, 2).astype(np.int64)), K, use_fp64=use_fp64)
+                torch.full((B,), temperature, dtype=torch.float32), torch.from_numpy(seeds), K1 - 1, use_fp64=use_fp64)
         return _padded(sampled, num_sampled)
 
+    if not use_fp64:  # the route's arithmetic is MRV2's float32 Gumbel draw
+        step_fn.specref_coin_route = _coin_route(step_fn, inputs, temperature, shim, torch)  # type: ignore[attr-defined]
     step_fn.__name__ = "mrv2_rejection_sample"
     return step_fn
+
+
+def _coin_route(step_fn, inputs, temperature: float, shim, torch) -> CoinRoute:
+    """The coin route of :func:`mrv2_engine`'s ``step_fn`` (:mod:`~specref.adapters.real_engines.mrv2_route`):
+    its call with MRV2's draws recorded, the same draws made alone, and MRV2's arithmetic on coins."""
+
+    def gumbel():
+        return shim.load("vllm.v1.worker.gpu.sample.gumbel")
+
+    def record(*call):
+        _, _, _, x, seeds = inputs(*call)
+        with shim.active(), recording(gumbel(), seeds, _POS0, x.shape[1], np.shape(call[0])[-1]) as coins:
+            out = step_fn(*call)
+        return (out, *coins)
+
+    def draw(*call):
+        _, _, _, x, seeds = inputs(*call)
+        with shim.active():
+            return drawn(gumbel(), seeds, _POS0, x.shape[1], np.shape(call[0])[-1], torch)
+
+    def on_coins(*call_and_coins):
+        target, draft_logits, k, x, _ = inputs(*call_and_coins[:4])
+        return mrv2_on_coins(target.numpy(), None if draft_logits is None else draft_logits.numpy(), temperature, k, x,
+                             *call_and_coins[4:])
+
+    return CoinRoute(record=record, draw=draw, on_coins=on_coins)
 
 
 # ---------------------------------------------------------------- coins in (the vllm_coins level)

@@ -55,10 +55,18 @@ class CoinRoute:
     ``draw(*call) -> (uniform, exponentials)``: the same draws with every kernel stubbed.
     :func:`specref.adapters.engines.vllm_engine` attaches one.  At the ``batched`` level the call
     is the step_fn's and the coins are ``(uniform_coins [B, K], final_coins [B])``
-    (:func:`specref.adapters.real_engines.sglang_chain_engine` attaches one)."""
+    (:func:`specref.adapters.real_engines.sglang_chain_engine` attaches one).
+
+    ``on_coins(*call, *coins) -> tokens [B, K+1]``, where given: the engine's own rule on coins of its
+    own kind, in place of the level's (:func:`coin_route_reference`, :func:`chain_on_coins`), for an
+    engine whose coins are not the level's (MRV2's ``tl.rand`` and Gumbel uniforms:
+    :func:`specref.adapters.real_engines.mrv2_engine`).  It need not be right: the replay holds it
+    equal to the engine on the engine's coins, and step 2 checks the law of its outputs.  A coin
+    that is NaN in ``record``'s coins was not drawn, and is not compared with ``draw``'s."""
 
     record: Callable
     draw: Callable
+    on_coins: Callable | None = None
 
 
 class CoinRouteMismatch(Exception):
@@ -265,10 +273,30 @@ BATCHED = _Call(_chain_on_coins, lambda call: (slice(None), slice(None)),
 (:func:`chain_on_coins`: ``coin * q < p``, the inverse CDF of the residual or bonus row)."""
 
 
+def _own_rule(route: CoinRoute, shape: _Call) -> _Call:
+    """``shape`` with the route's own rule on coins (``on_coins``), where it has one, and every coin compared."""
+    rule = route.on_coins
+    if rule is None:
+        return shape
+    return dataclasses.replace(shape, reference=lambda call, coins: rule(*call, *coins),
+                               used=lambda call: (slice(None), slice(None)))
+
+
+def _same_draws(a, b, used) -> bool:
+    """Recorded coins ``a`` and drawn coins ``b`` agree bit for bit where the reference reads them
+    (``used``) and ``a`` is not NaN (a coin the engine did not draw)."""
+    if (a is None) != (b is None) or a is None:
+        return a is None and b is None
+    a, b = np.asarray(a)[used], np.asarray(b)[used]
+    drew = ~np.isnan(a) if a.dtype.kind == "f" else np.ones(a.shape, dtype=bool)
+    return a.shape == b.shape and bool(np.array_equal(a[drew], b[drew]))
+
+
 def _replaying(route: CoinRoute, shape: _Call):
     """The level's call that makes the engine's recorded call, checks it against the reference on
     its coins and against the draws alone, and returns the engine's output (raising
     :class:`CoinRouteMismatch` on a mismatch)."""
+    shape = _own_rule(route, shape)
 
     def fn(*call):
         out, *coins = route.record(*call)
@@ -282,8 +310,7 @@ def _replaying(route: CoinRoute, shape: _Call):
                                     f"{rows}: engine {got.tolist()!s:.160}, reference on its coins {want.tolist()!s:.160}")
         again = route.draw(*call)
         for i, (a, b, used) in enumerate(zip(coins, again, shape.used(call))):
-            if (a is None) != (b is None) or (a is not None and not np.array_equal(np.asarray(a)[used],
-                                                                                  np.asarray(b)[used])):
+            if not _same_draws(a, b, used):
                 raise CoinRouteMismatch(f"the draws alone (kernels stubbed) gave other {_COIN_NAMES[i]} than the "
                                         "engine's call with the same seeds: the route cannot reproduce its coins")
         return out
@@ -292,11 +319,12 @@ def _replaying(route: CoinRoute, shape: _Call):
     return fn
 
 
-_COIN_NAMES = ("uniform coins", "exponentials or final coins")
+_COIN_NAMES = ("uniform coins", "exponentials, final coins or Gumbel uniforms")
 
 
 def _drawn(route: CoinRoute, shape: _Call):
     """Step 2's call: the engine's own draws, then the reference on them."""
+    shape = _own_rule(route, shape)
 
     def fn(*call):
         return shape.reference(call, route.draw(*call))
