@@ -186,6 +186,35 @@ def test_the_batched_levels_route_passes_a_correct_engine_and_finds_one_coin_per
     assert wrong.results[0].status == "differs", str(wrong)
 
 
+def test_a_rule_of_its_own_reads_the_draws_where_the_engine_drew_nothing():
+    """``CoinRoute.on_coins`` (an engine's own rule on coins) and NaN for a coin the engine did not draw.
+    A wrong engine that rejects every first draft without drawing its coin, given the right rule
+    (``chain_on_coins``): read on the NaN, the rule would reject too and match the engine, and step 2
+    would pass the right law (only the replay's own 230 outputs, judged as they are, would show so gross
+    a case: ``differs``); the replay reads ``draw``'s coin there instead, so the engine is ``not
+    replayed``.  The same engine drawing its coin and given the same rule passes."""
+    right = _batched_engine().specref_coin_route
+
+    def wrong_record(p_target, q_draft, draft_tokens, seed):
+        uniform, final = right.draw(p_target, q_draft, draft_tokens, seed)
+        uniform = uniform.copy()
+        uniform[:, 0] = np.nan  # never drawn
+        out = chain_on_coins(p_target, q_draft, draft_tokens, np.where(np.isnan(uniform), np.inf, uniform), final)
+        return out, uniform, final
+
+    def engine(record):
+        fn = lambda *call: record(*call)[0]  # noqa: E731
+        fn.specref_coin_route = CoinRoute(record=record, draw=right.draw,
+                                          on_coins=lambda p, q, x, seed, u, f: chain_on_coins(p, q, x, u, f))
+        return fn
+
+    wrong = check("batched", engine(wrong_record), cases=DENSE[:1], mode="statistical", seed=27, route="coins", **QUIET)
+    assert wrong.results[0].status == "not replayed", str(wrong)
+    fine = check("batched", engine(right.record), cases=DENSE[:1], mode="statistical", seed=27, route="coins",
+                 detect_tv=0.03, **QUIET)
+    assert fine.ok and fine.results[0].detail.startswith("replayed on 230 calls"), str(fine)
+
+
 # ---------------------------------------------------------------- the real kernels
 
 

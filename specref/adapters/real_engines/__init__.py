@@ -32,7 +32,7 @@ The paths, and the calls specref checks them in:
 - ``vllm_v1_engine("triton")``: vllm 0.33.0's ``rejection_sample`` with its Triton kernels, in
   the ``vllm`` level's call;
 - ``mrv2_engine``: vllm 0.33.0's Model Runner V2 ``rejection_sample``, probabilistic (draft
-  logits) or with one-hot drafts (``q_draft = None``), as a ``batched`` step;
+  logits) or with one-hot drafts (``q_draft = None``), as a ``batched`` step (with a coin route);
 - ``sglang_chain_engine``: sglang 0.5.23's ``chain_speculative_sampling_triton``, as a
   ``batched`` step (dense rows);
 - ``sglang_greedy_tree_engine``: sglang 0.5.23's ``verify_tree_greedy_triton``, checked against

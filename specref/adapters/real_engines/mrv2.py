@@ -5,6 +5,8 @@ Probability rows become logits as ``log(p)`` in float32 (its target and draft lo
 and Gumbel noise are keyed by (request seed, position), the seeds drawn from the oracle's.
 :func:`mrv2_coin_engine` runs it in the ``vllm_coins`` level's call with the level's coins put
 where MRV2 draws them (``tl.rand`` and ``murmur3_uniform32``, Python functions in the interpreter).
+:func:`mrv2_engine`'s step carries the coin route (``route="coins"``, SPEC §11.14), whose seams are
+in :mod:`~specref.adapters.real_engines.mrv2_route`.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def mrv2_engine(cache=None, *, temperature: float = 1.0, use_fp64: bool = False)
     ``idx_mapping`` the identity, ``pos`` = ``_POS0`` (1000) + local position, ``seed [B]`` = 63-bit seeds
     from (seed, b): MRV2 keys its coins and Gumbel noise by (request seed, position).
     MRV2 returns ``(sampled, num_sampled)`` with undefined entries past ``num_sampled``; the
-    wrapper writes -1 there.
+    wrapper writes -1 there.  With ``use_fp64=False`` the step carries the coin route
+    (``step_fn.specref_coin_route``: ``check("batched", step_fn, mode="statistical", route="coins")``).
     """
     temperature = float(temperature)
     if not 0 < temperature < float("inf"):

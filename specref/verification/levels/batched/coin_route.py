@@ -292,6 +292,15 @@ def _same_draws(a, b, used) -> bool:
     return a.shape == b.shape and bool(np.array_equal(a[drew], b[drew]))
 
 
+def _filled(recorded, drawn):
+    """The recorded coins with the drawn ones where the engine drew none (NaN): what the reference reads
+    in the replay, so that it reads exactly the coins step 2 reads for the same seeds."""
+    if recorded is None or drawn is None or np.asarray(recorded).dtype.kind != "f":
+        return recorded
+    a, b = np.asarray(recorded), np.asarray(drawn)
+    return np.where(np.isnan(a), b, a) if a.shape == b.shape else a
+
+
 def _replaying(route: CoinRoute, shape: _Call):
     """The level's call that makes the engine's recorded call, checks it against the reference on
     its coins and against the draws alone, and returns the engine's output (raising
@@ -300,7 +309,8 @@ def _replaying(route: CoinRoute, shape: _Call):
 
     def fn(*call):
         out, *coins = route.record(*call)
-        want = shape.reference(call, coins)
+        again = route.draw(*call)
+        want = shape.reference(call, [_filled(a, b) for a, b in zip(coins, again)])
         got = shape.tokens(out)
         if got.shape == want.shape and (got != want).any() and _emits_invalid(got, shape.vocab(call)):
             return out  # the oracle names it: emits an invalid id, whatever the route
@@ -308,7 +318,6 @@ def _replaying(route: CoinRoute, shape: _Call):
             rows = sorted({int(b) for b in np.argwhere(got != want)[:, 0]}) if got.shape == want.shape else "all"
             raise CoinRouteMismatch(f"the engine's output is not the reference on the coins it drew: request(s) "
                                     f"{rows}: engine {got.tolist()!s:.160}, reference on its coins {want.tolist()!s:.160}")
-        again = route.draw(*call)
         for i, (a, b, used) in enumerate(zip(coins, again, shape.used(call))):
             if not _same_draws(a, b, used):
                 raise CoinRouteMismatch(f"the draws alone (kernels stubbed) gave other {_COIN_NAMES[i]} than the "
@@ -400,8 +409,9 @@ def _route(value):
 ROUTE = Option("route", "how the level reaches the engine: 'engine' or 'coins'",
                phrase="route (how the engine is reached) applies", default="engine", check=_route)
 """``check("vllm", fn, mode="statistical", route="coins")`` (or ``"batched"``): the coin route
-(``fn.specref_coin_route``, which :func:`specref.adapters.engines.vllm_engine` and
-:func:`specref.adapters.real_engines.sglang_chain_engine` attach)."""
+(``fn.specref_coin_route``, which :func:`specref.adapters.engines.vllm_engine`,
+:func:`specref.adapters.real_engines.sglang_chain_engine` and
+:func:`specref.adapters.real_engines.mrv2_engine` attach)."""
 
 
 def routed_planner(planner, shape: _Call | None):
